@@ -1,0 +1,179 @@
+"""The engine loop: requests in, one scheduled DFlash (or autoregressive) iteration per step, deltas out."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .engine_config import EngineConfig
+from .errors import DFlashError
+from .kv_cache import BlockManager, allocate_caches, bytes_per_block
+from .loader import ModelPaths, load_configs, load_models
+from .model_runner import ModelRunner
+from .sampling import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, Status
+
+
+@dataclass
+class StepOutput:
+    """What one request gained in one iteration."""
+    seq: Sequence
+    new_token_ids: list[int]
+    finished: bool
+
+
+@dataclass
+class IterationStats:
+    batch_size: int
+    num_rows: int
+    drafted: int
+    accepted: int
+    seconds: float
+
+
+@dataclass
+class EngineMetrics:
+    iterations: list[IterationStats] = field(default_factory=list)
+    keep: int = 10000
+
+    def record(self, it: IterationStats) -> None:
+        self.iterations.append(it)
+        if len(self.iterations) > self.keep:
+            del self.iterations[: len(self.iterations) - self.keep]
+
+
+class LLMEngine:
+    def __init__(self, paths: ModelPaths, cfg: EngineConfig):
+        torch.manual_seed(0)
+        self.cfg = cfg
+        tcfg, dcfg = load_configs(paths, cfg.max_draft_len)
+        if not cfg.speculative:
+            dcfg = None
+        self.target_config, self.draft_config = tcfg, dcfg
+        self.target, self.drafter = load_models(paths, tcfg, dcfg, cfg.torch_dtype, cfg.device,
+                                                max_positions=cfg.max_seq_len + 32)
+        self.max_draft_len = 0
+        if dcfg is not None:
+            self.max_draft_len = cfg.max_draft_len or dcfg.block_size - 1
+        self.eos_ids = set(tcfg.eos_token_ids)
+        page = cfg.page_size
+        t_layers = [(tcfg.num_key_value_heads, tcfg.head_dim)] * tcfg.num_hidden_layers
+        d_layers = [(dcfg.num_key_value_heads, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
+        per_block = bytes_per_block(page, t_layers + d_layers, cfg.torch_dtype)
+        budget = cfg.kv_cache_bytes or min(
+            2 << 30, per_block * cfg.max_batch_size * (-(-cfg.max_seq_len // page) + 1))
+        num_blocks = budget // per_block
+        if num_blocks * page < cfg.max_seq_len + page:
+            raise DFlashError(f"KV cache of {budget} bytes holds {num_blocks * page} positions, fewer than "
+                              f"max_seq_len {cfg.max_seq_len}: raise kv_cache_bytes or lower max_seq_len")
+        self.blocks = BlockManager(num_blocks, page)
+        t_caches = allocate_caches(num_blocks, page, t_layers, cfg.torch_dtype, cfg.device)
+        d_caches = allocate_caches(num_blocks, page, d_layers, cfg.torch_dtype, cfg.device) if dcfg else []
+        self.runner = ModelRunner(self.target, self.drafter, t_caches, d_caches, page, cfg.device)
+        self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len)
+        self.metrics = EngineMetrics()
+        self.sequences: dict[str, Sequence] = {}
+
+    # -- requests -------------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
+        if not prompt_ids:
+            raise DFlashError("empty prompt: give at least one token")
+        if len(prompt_ids) >= self.cfg.max_seq_len:
+            raise DFlashError(f"prompt has {len(prompt_ids)} tokens, max_seq_len is {self.cfg.max_seq_len}: "
+                              "shorten the prompt or raise max_seq_len")
+        vocab = self.target_config.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise DFlashError(f"prompt token ids must be in 0..{vocab - 1}")
+        seq = Sequence(list(prompt_ids), params, request_id=request_id or "")
+        if self.cfg.trace:
+            seq.trace = []
+        if seq.request_id in self.sequences:
+            raise DFlashError(f"duplicate request id {seq.request_id!r}")
+        self.sequences[seq.request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request: its cache blocks are freed at once."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is not None and not seq.is_finished:
+            seq.finish_reason = "abort"
+            seq.finish_time = time.perf_counter()
+            self.scheduler.finish(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # -- one iteration --------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        t0 = time.perf_counter()
+        work = self.scheduler.schedule()
+        if not work:
+            if self.scheduler.running or self.scheduler.waiting:
+                raise DFlashError("scheduler made no progress: max_num_tokens or the KV cache is too small "
+                                  "for the waiting requests")
+            return []
+        results = self.runner.execute(work)
+        now = time.perf_counter()
+        outs, drafted, accepted = [], 0, 0
+        for w in work:
+            seq, res = w.seq, results[w.seq.seq_id]
+            if res.drafts is not None:
+                seq.steps += 1
+                seq.drafted += len(res.drafts)
+                seq.accepted += res.accepted
+                seq.accept_hist.append(res.accepted)
+                drafted += len(res.drafts)
+                accepted += res.accepted
+                if seq.trace is not None:
+                    seq.trace.append((list(res.drafts), res.accepted))
+                self._maybe_disable_spec(seq)
+            if not res.new_tokens:
+                continue
+            new = self._commit(seq, res.new_tokens)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if seq.is_finished:
+                seq.finish_time = now
+            outs.append(StepOutput(seq, new, seq.is_finished))
+        self.metrics.record(IterationStats(len(work), sum(w.num_rows for w in work), drafted, accepted, now - t0))
+        return outs
+
+    def _maybe_disable_spec(self, seq: Sequence) -> None:
+        cfg = self.cfg
+        if cfg.min_acceptance > 0 and len(seq.accept_hist) >= cfg.acceptance_window:
+            recent = seq.accept_hist[-cfg.acceptance_window:]
+            if sum(recent) / len(recent) < cfg.min_acceptance:
+                seq.spec_enabled = False
+
+    def _commit(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """Append tokens up to the first stop condition; finish the request if one is met."""
+        p, taken = seq.params, []
+        for tok in tokens:
+            seq.token_ids.append(tok)
+            taken.append(tok)
+            if (not p.ignore_eos and tok in self.eos_ids) or tok in p.stop_token_ids:
+                return self._finish(seq, "stop", taken)
+            if seq.num_output >= p.max_tokens:
+                return self._finish(seq, "length", taken)
+            if len(seq.token_ids) >= self.cfg.max_seq_len:
+                return self._finish(seq, "length", taken)
+        return taken
+
+    def _finish(self, seq: Sequence, reason: str, taken: list[int]) -> list[int]:
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+        return taken
+
+    def finish_on_stop_string(self, seq: Sequence, text_pos: int) -> None:
+        """Called by the detokenizer when a stop string appears in the output text."""
+        if not seq.is_finished:
+            seq.stop_text_pos = text_pos
+            seq.finish_reason = "stop"
+            seq.finish_time = time.perf_counter()
+            self.scheduler.finish(seq)
+
+    def release(self, seq: Sequence) -> None:
+        self.sequences.pop(seq.request_id, None)

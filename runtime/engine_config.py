@@ -1,0 +1,59 @@
+"""Engine settings, validated once."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import DFlashError
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    speculative: bool = True
+    max_draft_len: int | None = None  # default: block_size - 1
+    # batch size -> draft length (TensorRT-LLM's field and rule, see draft_len_for)
+    draft_len_schedule: dict[int, int] | None = None
+    max_batch_size: int = 32
+    max_num_tokens: int = 2048  # rows per iteration: prefill chunks + (K+1) per decoding request
+    max_seq_len: int = 4096
+    page_size: int = 16  # positions per cache block
+    kv_cache_bytes: int | None = None  # default: enough for max_batch_size sequences of max_seq_len, capped
+    enable_chunked_prefill: bool = True
+    # turn speculation off for a request whose mean accepted drafts per step stays below this
+    min_acceptance: float = 0.0
+    acceptance_window: int = 8
+    dtype: str = "float32"
+    device: str | None = None
+    trace: bool = False
+    seed: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise DFlashError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.max_batch_size < 1 or self.max_num_tokens < 1 or self.max_seq_len < 2:
+            raise DFlashError("max_batch_size, max_num_tokens and max_seq_len must be positive")
+        if self.device is None:
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.draft_len_schedule:
+            self.draft_len_schedule = {int(k): int(v) for k, v in self.draft_len_schedule.items()}
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def draft_len_for(self, batch_size: int, default: int) -> int:
+        """TensorRT-LLM's rule: the first threshold >= batch size applies; past the last, the last value."""
+        if not self.draft_len_schedule:
+            return default
+        items = sorted(self.draft_len_schedule.items())
+        value = items[-1][1]
+        for threshold, v in items:
+            if batch_size <= threshold:
+                value = v
+                break
+        return max(0, min(default, value))

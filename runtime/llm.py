@@ -1,0 +1,144 @@
+"""The public API, shaped like vLLM's and TensorRT-LLM's `LLM`: `LLM(...).generate(prompts, SamplingParams)`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .engine import LLMEngine, StepOutput
+from .engine_config import EngineConfig
+from .errors import DFlashError
+from .loader import resolve_paths
+from .sampling import SamplingParams
+from .sequence import Sequence
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    finished: bool
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tau: float = 0.0
+    acceptance_rate: float = 0.0
+    trace: list | None = None
+    ttft: float | None = None
+    latency: float | None = None
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+
+    def stats(self) -> dict:
+        return {"steps": self.steps, "drafted": self.drafted, "accepted": self.accepted, "tau": self.tau,
+                "acceptance_rate": self.acceptance_rate}
+
+
+class Detokenizer:
+    """Incremental text per request, and the stop-string check (truncates at the first stop string)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.sent: dict[str, int] = {}
+
+    def text(self, seq: Sequence) -> str:
+        if self.tok is None:
+            return ""
+        ids = seq.output_ids
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def check_stop(self, seq: Sequence, text: str) -> int | None:
+        best = None
+        for s in seq.params.stop:
+            i = text.find(s)
+            if i >= 0 and (best is None or i < best):
+                best = i
+        return best
+
+
+class LLM:
+    """DFlash LLM. `LLM()` runs the embedded default pair; `LLM(ENGINE_DIR)`, `LLM(target=..., draft=...)`."""
+
+    def __init__(self, model: str | None = None, *, target: str | None = None, draft: str | None = None,
+                 speculative: bool = True, tokenizer: str | None = None, **engine_kwargs):
+        if model is None and target is None:
+            from .embedded import embedded_paths  # the embedded default: SmolLM2-135M + our drafter
+            model = embedded_paths(draft is None)
+            if isinstance(model, tuple):
+                target, draft = model
+                model = None
+        paths = resolve_paths(model, target, draft)
+        if speculative and paths.draft is None:
+            raise DFlashError("speculative decoding needs a drafter: pass draft=DIR (or speculative=False)")
+        self.paths = paths
+        self.config = EngineConfig(speculative=speculative, **engine_kwargs)
+        self.engine = LLMEngine(paths, self.config)
+        self.tokenizer = self._load_tokenizer(tokenizer or paths.target)
+        self.detok = Detokenizer(self.tokenizer)
+
+    @staticmethod
+    def _load_tokenizer(path: str):
+        try:
+            from transformers import AutoTokenizer
+            return AutoTokenizer.from_pretrained(path)
+        except Exception:  # a bare checkpoint without tokenizer files still generates token ids
+            return None
+
+    # -- prompts --------------------------------------------------------------------------------------
+    def encode(self, prompt, chat: bool = False) -> list[int]:
+        if isinstance(prompt, (list, tuple)) and (not prompt or isinstance(prompt[0], int)):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise DFlashError(f"{self.paths.target} has no tokenizer: pass token ids instead of text")
+        if isinstance(prompt, (list, tuple)):  # chat messages
+            chat, messages = True, list(prompt)
+        else:
+            messages = [{"role": "user", "content": prompt}]
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise DFlashError(f"{self.paths.target} has no chat template: send plain prompts instead")
+            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                           return_dict=False))
+        return list(self.tokenizer.encode(prompt))
+
+    # -- generation -----------------------------------------------------------------------------------
+    def add_request(self, prompt, params: SamplingParams, chat: bool = False, request_id: str | None = None):
+        return self.engine.add_request(self.encode(prompt, chat), params, request_id)
+
+    def _output(self, seq: Sequence, prompt=None) -> RequestOutput:
+        text = self.detok.text(seq)
+        if seq.stop_text_pos is not None:
+            text = text[:seq.stop_text_pos]
+        return RequestOutput(
+            request_id=seq.request_id, prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=list(seq.prompt_ids), text=text, token_ids=list(seq.output_ids),
+            finish_reason=seq.finish_reason, finished=seq.is_finished, steps=seq.steps, drafted=seq.drafted,
+            accepted=seq.accepted, tau=seq.tau, acceptance_rate=seq.accepted / seq.drafted if seq.drafted else 0.0,
+            trace=seq.trace,
+            ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+            latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time)
+
+    def _postprocess(self, outs: list[StepOutput]) -> None:
+        for o in outs:
+            seq = o.seq
+            if seq.params.stop and self.tokenizer is not None:
+                pos = self.detok.check_stop(seq, self.detok.text(seq))
+                if pos is not None:
+                    self.engine.finish_on_stop_string(seq, pos)
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, chat: bool = False,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+        if single:
+            prompts = [prompts]
+        params = params or SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.add_request(p, sp, chat) for p, sp in zip(prompts, plist)]
+        while self.engine.has_unfinished():
+            self._postprocess(self.engine.step())
+        outs = [self._output(s, p) for s, p in zip(seqs, prompts)]
+        for s in seqs:
+            self.engine.release(s)
+        return outs

@@ -1,0 +1,152 @@
+"""The DFlash block-diffusion drafter (z-lab format): Qwen3-style layers whose keys/values are the projected
+target context followed by the block, attended NON-causally; no embedding or head of its own.
+
+The context part of every layer's K/V is computed once per committed token (fc -> hidden_norm -> k_proj ->
+k_norm -> RoPE, and v_proj) and kept in a paged cache that shares the target's block tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import ops
+from ..config import DraftConfig
+from ..errors import CheckpointError
+from ..rope import RotaryTable, apply_rope
+from .target import MLP, Linear, RMSNorm
+
+
+@dataclass
+class DraftSlice:
+    q_start: int  # first block row in the packed batch
+    q_len: int  # block rows of this sequence
+    ctx_slots: torch.Tensor  # flat draft-cache slots of context positions 0..ctx_len-1
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DraftConfig, window: int | None):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h, b = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = Linear(h, self.n_heads * self.head_dim, b)
+        self.k_proj = Linear(h, self.n_kv * self.head_dim, b)
+        self.v_proj = Linear(h, self.n_kv * self.head_dim, b)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, b)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.scale = self.head_dim ** -0.5
+        self.window = window  # sliding_attention layers: causal within a window, as the reference does
+
+    def kv(self, x, cos, sin):
+        t = x.shape[0]
+        k = apply_rope(self.k_norm(self.k_proj(x).view(t, -1, self.head_dim)), cos, sin)
+        return k, self.v_proj(x).view(t, -1, self.head_dim)
+
+    def forward(self, x, cos, sin, cache, slices: list[DraftSlice], positions):
+        t = x.shape[0]
+        q = apply_rope(self.q_norm(self.q_proj(x).view(t, -1, self.head_dim)), cos, sin)
+        k_blk, v_blk = self.kv(x, cos, sin)
+        kc = cache[0].view(-1, self.n_kv, self.head_dim)
+        vc = cache[1].view(-1, self.n_kv, self.head_dim)
+        out = torch.empty_like(q)
+        for s in slices:
+            rows = slice(s.q_start, s.q_start + s.q_len)
+            keys = torch.cat([kc.index_select(0, s.ctx_slots).to(q.dtype), k_blk[rows]])
+            vals = torch.cat([vc.index_select(0, s.ctx_slots).to(q.dtype), v_blk[rows]])
+            mask = None
+            if self.window is not None:
+                ctx = s.ctx_slots.numel()
+                kpos = torch.cat([torch.arange(ctx, device=x.device), positions[rows]])
+                qpos = positions[rows][:, None]
+                mask = (kpos[None, :] <= qpos) & (qpos - kpos[None, :] < self.window)
+            o = F.scaled_dot_product_attention(
+                q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None],
+                attn_mask=mask, scale=self.scale, enable_gqa=True)
+            out[rows] = o[0].transpose(0, 1)
+        return self.o_proj(out.reshape(t, -1))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig, window: int | None):
+        super().__init__()
+        self.self_attn = DraftAttention(cfg, window)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, cache, slices, positions):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slices, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DraftConfig, max_positions: int = 4096):
+        super().__init__()
+        self.cfg = cfg
+        n_ctx = len(cfg.target_layer_ids)
+        self.fc = Linear(n_ctx * cfg.hidden_size, cfg.hidden_size)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        types = cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers
+        self.layers = nn.ModuleList(
+            DraftLayer(cfg, cfg.sliding_window if types[i] == "sliding_attention" else None)
+            for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryTable(cfg.rope, cfg.head_dim, max_positions)
+
+    @property
+    def block_size(self) -> int:
+        return self.cfg.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.cfg.mask_token_id
+
+    def project_context(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.hidden_norm(self.fc(feats))
+
+    def write_context(self, feats, positions, slot_mapping, caches) -> None:
+        """Append committed rows' context K/V (feats: [T, n*H] target layer outputs) to the draft cache."""
+        if feats.shape[0] == 0:
+            return
+        c = self.project_context(feats.to(self.fc.weight.dtype))
+        cos, sin = self.rotary(positions, c.dtype)
+        for layer, cache in zip(self.layers, caches):
+            k, v = layer.self_attn.kv(c, cos, sin)
+            kvh, d = cache[0].shape[-2:]
+            cache[0].view(-1, kvh, d).index_copy_(0, slot_mapping, k.to(cache[0].dtype))
+            cache[1].view(-1, kvh, d).index_copy_(0, slot_mapping, v.to(cache[1].dtype))
+
+    def forward(self, block_embeds, positions, caches, slices: list[DraftSlice]) -> torch.Tensor:
+        """block_embeds: target embeddings of [bonus, MASK...] rows; returns final-normed hidden rows."""
+        x = block_embeds.to(self.fc.weight.dtype) * self.cfg.input_embedding_scale
+        cos, sin = self.rotary(positions, x.dtype)
+        for layer, cache in zip(self.layers, caches):
+            x = layer(x, cos, sin, cache, slices, positions)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
+        logits = ops.linear(hidden, head_weight).float() * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        own = dict(self.named_parameters())
+        seen = set()
+        for name, t in state.items():
+            key = name[6:] if name.startswith("model.") else name
+            if key not in own:
+                if key.startswith(("embed_tokens", "lm_head", "rotary")):
+                    continue  # tolerated: the drafter uses the target's embedding and head
+                raise CheckpointError(f"drafter weight {name!r} is not part of a DFlash drafter "
+                                      "(z-lab format expected: fc, hidden_norm, norm, layers.*)")
+            if tuple(own[key].shape) != tuple(t.shape):
+                raise CheckpointError(f"drafter weight {key} has shape {list(t.shape)}, config implies "
+                                      f"{list(own[key].shape)}: config.json does not match the weights")
+            own[key].data = t.to(dtype)
+            seen.add(key)
+        missing = sorted(set(own) - seen)
+        if missing:
+            raise CheckpointError(f"drafter checkpoint lacks {len(missing)} weights, e.g. {missing[0]}")

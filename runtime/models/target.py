@@ -1,0 +1,146 @@
+"""Dense decoder targets (Llama 2/3.x, SmolLM2, Qwen3) with a paged KV cache and hidden-state capture.
+
+Parameter names mirror Hugging Face's so a checkpoint loads by name. The forward takes a packed batch of
+rows from many sequences (prefill chunks, verify blocks, decode tokens) and returns the final hidden states
+plus, when asked, the OUTPUTS of the drafter's target layers concatenated in id order.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import ops
+from ..attention import AttentionBatch, paged_attention
+from ..config import TargetConfig
+from ..rope import RotaryTable, apply_rope
+
+
+class Linear(nn.Module):
+    def __init__(self, in_f: int, out_f: int, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_f, in_f), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(out_f), requires_grad=False) if bias else None
+
+    def forward(self, x):
+        return ops.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x):
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = Linear(hidden, inter, bias)
+        self.up_proj = Linear(hidden, inter, bias)
+        self.down_proj = Linear(inter, hidden, bias)
+
+    def forward(self, x):
+        return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h, b = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = Linear(h, self.n_heads * self.head_dim, b)
+        self.k_proj = Linear(h, self.n_kv * self.head_dim, b)
+        self.v_proj = Linear(h, self.n_kv * self.head_dim, b)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, b)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, -1, self.head_dim)
+        k = self.k_proj(x).view(t, -1, self.head_dim)
+        v = self.v_proj(x).view(t, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale)
+        return self.o_proj(o.reshape(t, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv_cache, batch):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class TargetModel(nn.Module):
+    def __init__(self, cfg: TargetConfig, max_positions: int = 4096):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
+        self.rotary = RotaryTable(cfg.rope, cfg.head_dim, max_positions)
+        self.capture_ids: list[int] = []
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: final-normed rows; float32 logits."""
+        return ops.linear(hidden, self.head_weight).float()
+
+    def forward(self, ids, positions, kv_caches, batch: AttentionBatch, capture: bool = False):
+        x = self.embed(ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        captured = []
+        want = set(self.capture_ids) if capture else ()
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, kv_caches[i], batch)
+            if i in want:
+                captured.append((i, x))
+        feats = torch.cat([h for _, h in sorted(captured, key=lambda p: p[0])], -1) if capture else None
+        return self.model.norm(x), feats
+
+    def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+        own = dict(self.named_parameters())
+        for name, t in state.items():
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied checkpoints sometimes still carry a copy
+            if name not in own:
+                continue  # rotary buffers and the like
+            if tuple(own[name].shape) != tuple(t.shape):
+                from ..errors import CheckpointError
+                raise CheckpointError(f"target weight {name} has shape {list(t.shape)}, config implies "
+                                      f"{list(own[name].shape)}: config.json does not match the weights")
+            own[name].data = t.to(dtype)
+        missing = [n for n in own if n not in state]
+        if missing:
+            from ..errors import CheckpointError
+            raise CheckpointError(f"target checkpoint lacks {len(missing)} weights, e.g. {missing[0]}")

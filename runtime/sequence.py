@@ -1,0 +1,77 @@
+"""All per-request state in one object: tokens, cache bookkeeping, status, acceptance statistics."""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    request_id: str = ""
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # target KV and drafter context hold positions 0..num_computed-1
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    stop_text_pos: int | None = None  # where a stop string begins in the output text
+    spec_enabled: bool = True
+    # statistics
+    steps: int = 0  # speculative steps
+    drafted: int = 0
+    accepted: int = 0
+    accept_hist: list[int] = field(default_factory=list)  # accepted draft tokens per step
+    trace: list[tuple[list[int], int]] | None = None  # (draft tokens, accepted length) per step
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+    def __post_init__(self):
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+        self.request_id = self.request_id or str(self.seq_id)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids):]
+
+    @property
+    def prefill_target(self) -> int:
+        """Positions the target must have cached before decoding: all but the pending bonus token."""
+        return len(self.token_ids) - (1 if self.num_output else 0)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per speculative step (accepted drafts + bonus)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0

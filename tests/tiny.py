@@ -1,0 +1,90 @@
+"""Tiny random checkpoints built on the fly: transformers targets and z-lab-format drafters."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+VOCAB = 128
+
+
+def make_target(path: str, kind: str = "llama", *, layers: int = 4, hidden: int = 64, heads: int = 4,
+                kv_heads: int = 2, vocab: int = VOCAB, tied: bool = False, rope_scaling: dict | None = None,
+                seed: int = 0, init_std: float = 0.2, head_dim: int | None = None) -> str:
+    """Random weights with a large init so logits are peaked (no fp near-ties in greedy tests)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048,
+                  tie_word_embeddings=tied, initializer_range=init_std, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    if head_dim:
+        common["head_dim"] = head_dim
+    if kind == "llama":
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+        if rope_scaling:
+            rope = {"rope_theta": 500000.0, **rope_scaling}
+        cfg = LlamaConfig(**common, rope_parameters=rope)
+        model = LlamaForCausalLM(cfg)
+    elif kind == "qwen3":
+        cfg = Qwen3Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+        model = Qwen3ForCausalLM(cfg)
+    else:
+        raise ValueError(kind)
+    with torch.no_grad():  # un-flatten the norms too so every weight matters
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    return path
+
+
+def make_drafter(path: str, target_dir: str, *, layers: int = 2, block_size: int = 8, mask_token_id: int = 3,
+                 target_layer_ids: list[int] | None = None, seed: int = 1, std: float = 0.2,
+                 layout: str = "nested", heads: int = 4, kv_heads: int = 2, head_dim: int | None = None,
+                 extra: dict | None = None) -> str:
+    """A random drafter in the z-lab format. layout: where block_size / mask / ids live in config.json."""
+    with open(os.path.join(target_dir, "config.json")) as f:
+        t = json.load(f)
+    h, n_t = t["hidden_size"], t["num_hidden_layers"]
+    hd = head_dim or h // heads
+    ids = target_layer_ids if target_layer_ids is not None else sorted({1, n_t - 2})
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * std
+
+    w = {"fc.weight": rnd(h, h * len(ids)), "hidden_norm.weight": 1 + rnd(h) * 0.5, "norm.weight": 1 + rnd(h) * 0.5}
+    inter = 2 * h
+    for i in range(layers):
+        p = f"layers.{i}."
+        w |= {p + "input_layernorm.weight": 1 + rnd(h) * 0.5, p + "post_attention_layernorm.weight": 1 + rnd(h) * 0.5,
+              p + "self_attn.q_proj.weight": rnd(heads * hd, h), p + "self_attn.k_proj.weight": rnd(kv_heads * hd, h),
+              p + "self_attn.v_proj.weight": rnd(kv_heads * hd, h), p + "self_attn.o_proj.weight": rnd(h, heads * hd),
+              p + "self_attn.q_norm.weight": 1 + rnd(hd) * 0.5, p + "self_attn.k_norm.weight": 1 + rnd(hd) * 0.5,
+              p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
+              p + "mlp.down_proj.weight": rnd(h, inter)}
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+           "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "hidden_size": h, "intermediate_size": inter,
+           "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+           "head_dim": hd, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+           "vocab_size": t["vocab_size"], "num_target_layers": n_t, "attention_bias": False,
+           "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "float32"}
+    if layout == "nested":
+        cfg |= {"block_size": block_size, "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": ids}}
+    elif layout == "top":
+        cfg |= {"block_size": block_size, "mask_token_id": mask_token_id, "target_layer_ids": ids}
+    elif layout == "all_nested":
+        cfg |= {"dflash_config": {"block_size": block_size, "mask_token_id": mask_token_id, "target_layer_ids": ids}}
+    elif layout == "default_ids":  # no ids anywhere: the default rule must pick them
+        cfg |= {"block_size": block_size, "dflash_config": {"mask_token_id": mask_token_id}}
+    cfg |= extra or {}
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    save_file({k: v.contiguous() for k, v in w.items()}, os.path.join(path, "model.safetensors"))
+    return path
