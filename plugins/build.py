@@ -1,0 +1,46 @@
+"""Just-in-time builds of the C++ extensions (torch.utils.cpp_extension.load), cached per torch version.
+
+Why JIT: building at install time makes pip fetch an unpinned (multi-GB CUDA) torch into its isolated build
+environment; a JIT build uses the torch already installed and is cached, so it costs ~10 s once.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+
+import torch
+
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}
+
+
+def build_dir(name: str, sources: list[str]) -> str:
+    h = hashlib.sha256(torch.__version__.encode())
+    for s in sources:
+        with open(s, "rb") as f:
+            h.update(f.read())
+    root = os.environ.get("DFLASH_TRT_BUILD") or os.path.join(
+        os.environ.get("DFLASH_TRT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dflash_trt"),
+        "build")
+    d = os.path.join(root, f"{name}-{h.hexdigest()[:12]}")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def load_extension(name: str, sources: list[str], extra_cflags: list[str] | None = None,
+                   with_cuda: bool = False):
+    """Build (once) and load a torch extension whose ops register themselves through TORCH_LIBRARY."""
+    with _lock:
+        if name in _loaded:
+            return _loaded[name]
+        from torch.utils.cpp_extension import load
+
+        paths = [s if os.path.isabs(s) else os.path.join(CSRC, s) for s in sources]
+        flags = ["-O3", "-fopenmp", "-ffp-contract=off"] + (extra_cflags or [])
+        mod = load(name=name, sources=paths, extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                   build_directory=build_dir(name, paths), is_python_module=False, with_cuda=with_cuda,
+                   verbose=False)
+        _loaded[name] = mod
+        return mod
