@@ -12,8 +12,13 @@ VOCAB = 128
 
 def make_target(path: str, kind: str = "llama", *, layers: int = 4, hidden: int = 64, heads: int = 4,
                 kv_heads: int = 2, vocab: int = VOCAB, tied: bool = False, rope_scaling: dict | None = None,
-                seed: int = 0, init_std: float = 0.2, head_dim: int | None = None) -> str:
-    """Random weights with a large init so logits are peaked (no fp near-ties in greedy tests)."""
+                seed: int = 0, init_std: float = 0.2, head_dim: int | None = None,
+                boost_tokens: tuple[int, ...] = (), boost: float = 4.0) -> str:
+    """Random weights with a large init so logits are peaked (no fp near-ties in greedy tests).
+
+    boost_tokens: lm_head rows scaled up so a few tokens dominate; a random drafter (which shares the head)
+    then agrees with the target often enough to exercise multi-token acceptance.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
@@ -38,6 +43,9 @@ def make_target(path: str, kind: str = "llama", *, layers: int = 4, hidden: int 
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.add_(torch.randn_like(p) * 0.1)
+        if boost_tokens:
+            head = model.get_output_embeddings().weight
+            head[list(boost_tokens)] *= boost
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(path)
     return path
@@ -46,8 +54,12 @@ def make_target(path: str, kind: str = "llama", *, layers: int = 4, hidden: int 
 def make_drafter(path: str, target_dir: str, *, layers: int = 2, block_size: int = 8, mask_token_id: int = 3,
                  target_layer_ids: list[int] | None = None, seed: int = 1, std: float = 0.2,
                  layout: str = "nested", heads: int = 4, kv_heads: int = 2, head_dim: int | None = None,
-                 extra: dict | None = None) -> str:
-    """A random drafter in the z-lab format. layout: where block_size / mask / ids live in config.json."""
+                 extra: dict | None = None, residual_scale: float = 1.0) -> str:
+    """A random drafter in the z-lab format. layout: where block_size / mask / ids live in config.json.
+
+    residual_scale < 1 shrinks o_proj/down_proj so rows stay close to their input embedding: the drafter
+    then mostly proposes the head's favourite token for the mask embedding (see proposal_for_mask).
+    """
     with open(os.path.join(target_dir, "config.json")) as f:
         t = json.load(f)
     h, n_t = t["hidden_size"], t["num_hidden_layers"]
@@ -68,6 +80,8 @@ def make_drafter(path: str, target_dir: str, *, layers: int = 2, block_size: int
               p + "self_attn.q_norm.weight": 1 + rnd(hd) * 0.5, p + "self_attn.k_norm.weight": 1 + rnd(hd) * 0.5,
               p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
               p + "mlp.down_proj.weight": rnd(h, inter)}
+        w[p + "self_attn.o_proj.weight"] *= residual_scale
+        w[p + "mlp.down_proj.weight"] *= residual_scale
     cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
            "auto_map": {"AutoModel": "dflash.DFlashDraftModel"}, "hidden_size": h, "intermediate_size": inter,
            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
@@ -88,3 +102,19 @@ def make_drafter(path: str, target_dir: str, *, layers: int = 2, block_size: int
         json.dump(cfg, f, indent=1)
     save_file({k: v.contiguous() for k, v in w.items()}, os.path.join(path, "model.safetensors"))
     return path
+
+
+def mask_proposing(target_dir: str, wanted: int) -> int:
+    """A mask token id whose embedding, through the target head, prefers `wanted` (used with residual_scale)."""
+    from safetensors.torch import load_file
+
+    w = load_file(os.path.join(target_dir, "model.safetensors"))
+    emb = w["model.embed_tokens.weight"]
+    head = w.get("lm_head.weight", emb)
+    normed = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)
+    fav = (normed @ head.T).argmax(-1)
+    hits = (fav == wanted).nonzero().flatten().tolist()
+    hits = [i for i in hits if i != wanted] or hits
+    if not hits:
+        raise ValueError(f"no token's embedding prefers {wanted}")
+    return hits[0]
