@@ -35,6 +35,9 @@ def resolve_paths(model: str | None, target: str | None, draft: str | None) -> M
         target = model
     if target is None:
         raise CheckpointError("no model given: pass an engine directory, or --target DIR [--draft DIR]")
+    for what, d in (("target", target), ("drafter", draft)):
+        if d is not None and not os.path.isdir(d):
+            raise CheckpointError(f"{what} directory not found: {d}")
     return ModelPaths(target, draft)
 
 

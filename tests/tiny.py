@@ -48,7 +48,30 @@ def make_target(path: str, kind: str = "llama", *, layers: int = 4, hidden: int 
             head[list(boost_tokens)] *= boost
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(path)
+    add_tokenizer(path, vocab)
     return path
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant: {% endif %}")
+
+
+def add_tokenizer(path: str, vocab: int = VOCAB) -> None:
+    """A character-level tokenizer (printable ASCII) with a chat template, saved beside the weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<mask>"]
+    chars = [chr(c) for c in range(32, 127)]
+    table = {t: i for i, t in enumerate(specials + chars)}
+    table |= {f"<unused{i}>": i for i in range(len(table), vocab)}
+    tk = Tokenizer(models.WordLevel(table, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   mask_token="<mask>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(path)
 
 
 def make_drafter(path: str, target_dir: str, *, layers: int = 2, block_size: int = 8, mask_token_id: int = 3,

@@ -1,0 +1,243 @@
+"""Everything a build needs checked before any heavy work: flags, output directory, the pair, tp, formats."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from dflash_trt.config import SUPPORTED_TARGETS, DraftConfig, TargetConfig
+from .errors import BuildError
+
+QUANTIZATIONS = ("bf16", "fp8", "nvfp4")
+KV_CACHE_DTYPES = ("auto", "fp8")
+MAX_TP = 8
+SUPPORTED_DRAFT_TYPES = ("qwen3", "llama")  # TensorRT-LLM resolves the drafter decoder by model_type
+NVFP4_GROUP = 16
+
+
+@dataclass
+class BuildPlan:
+    target: str
+    draft: str
+    output: str
+    quantization: str = "bf16"
+    kv_cache_dtype: str = "auto"
+    tp_size: int = 1
+    max_draft_len: int | None = None
+    max_seq_len: int | None = None
+    max_batch_size: int = 32
+    max_num_tokens: int | None = None
+    calib_data: str | None = None
+    calib_samples: int = 64
+    calib_max_tokens: int = 512
+    force: bool = False
+    # filled in by validate_plan
+    tcfg: TargetConfig | None = field(default=None, repr=False)
+    dcfg: DraftConfig | None = field(default=None, repr=False)
+    target_raw: dict = field(default_factory=dict, repr=False)
+    architecture: str = ""
+
+    @property
+    def uses_modelopt(self) -> bool:
+        return self.quantization != "bf16" or self.kv_cache_dtype == "fp8"
+
+
+def _is_within(path: str, parent: str) -> bool:
+    path, parent = os.path.realpath(path), os.path.realpath(parent)
+    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_flags(plan: BuildPlan) -> None:
+    if plan.quantization not in QUANTIZATIONS:
+        raise BuildError(f"--quantization {plan.quantization!r} is unknown: use one of {', '.join(QUANTIZATIONS)}")
+    if plan.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise BuildError(f"--kv-cache-dtype {plan.kv_cache_dtype!r} is unknown: use auto or fp8")
+    if not 1 <= plan.tp_size <= MAX_TP:
+        raise BuildError(f"--tp-size {plan.tp_size} is out of range: use 1..{MAX_TP}")
+    for flag, v in (("--max-batch-size", plan.max_batch_size), ("--calib-samples", plan.calib_samples),
+                    ("--max-seq-len", plan.max_seq_len), ("--max-num-tokens", plan.max_num_tokens),
+                    ("--max-draft-len", plan.max_draft_len)):
+        if v is not None and v < 1:
+            raise BuildError(f"{flag} {v} must be a positive integer")
+
+
+def check_output(plan: BuildPlan) -> None:
+    out = plan.output = os.path.abspath(plan.output)
+    for flag, src in (("--target", plan.target), ("--draft", plan.draft), ("--calib-data", plan.calib_data)):
+        if src and os.path.exists(src) and _is_within(src, out):
+            raise BuildError(f"--output {out} would overwrite the {flag} source {src}: choose another --output")
+    if os.path.lexists(out) and not plan.force:
+        raise BuildError(f"output {out} already exists: pass --force to replace it, or choose another --output")
+    parent = os.path.dirname(out)
+    probe = parent
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if probe and not os.path.isdir(probe):
+        raise BuildError(f"cannot create --output {out}: {probe} is a file, not a directory")
+    if probe and not os.access(probe, os.W_OK):
+        raise BuildError(f"cannot write --output {out}: {probe} is not writable (choose another --output)")
+
+
+def _check_dir(path: str, flag: str, what: str) -> str:
+    if not path:
+        raise BuildError(f"{flag} is required: give the {what} checkpoint directory")
+    path = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise BuildError(f"{flag} {path}: directory not found (give the {what} checkpoint directory)")
+    if not os.path.isdir(path):
+        raise BuildError(f"{flag} {path} is not a directory (give the {what} checkpoint directory)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise BuildError(f"{flag} {path} has no config.json: give a Hugging Face-format {what} checkpoint directory")
+    if not os.access(os.path.join(path, "config.json"), os.R_OK):
+        raise BuildError(f"{flag} {path}/config.json is not readable: fix its permissions")
+    return path
+
+
+def valid_tp_sizes(counts: list[int]) -> list[int]:
+    g = 0
+    for c in counts:
+        g = math.gcd(g, c)
+    return [t for t in range(1, MAX_TP + 1) if g % t == 0]
+
+
+def check_tp(plan: BuildPlan) -> None:
+    t, d, tp = plan.tcfg, plan.dcfg, plan.tp_size
+    constraints = [("target num_attention_heads", t.num_attention_heads),
+                   ("target num_key_value_heads", t.num_key_value_heads),
+                   ("target intermediate_size", t.intermediate_size),
+                   ("drafter num_attention_heads", d.num_attention_heads),
+                   ("drafter num_key_value_heads", d.num_key_value_heads),
+                   ("drafter intermediate_size", d.intermediate_size)]
+    for name, n in constraints:
+        if n % tp:
+            ok = valid_tp_sizes([c for _, c in constraints])
+            raise BuildError(f"--tp-size {tp} does not divide the {name} ({n}): use --tp-size "
+                             f"{' or '.join(map(str, ok))}")
+
+
+def check_nvfp4_shapes(plan: BuildPlan) -> None:
+    """NVFP4 packs 16-element blocks along in_features, and tensor parallelism splits the row-parallel inputs."""
+    t, tp = plan.tcfg, plan.tp_size
+    checks = [("hidden_size (q/k/v/gate/up in_features)", t.hidden_size, 1),
+              ("num_attention_heads x head_dim (o_proj in_features per rank)", t.num_attention_heads * t.head_dim, tp),
+              ("intermediate_size (down_proj in_features per rank)", t.intermediate_size, tp)]
+    for name, n, split in checks:
+        if n % split or (n // split) % NVFP4_GROUP:
+            raise BuildError(f"--quantization nvfp4 needs in_features divisible by {NVFP4_GROUP}"
+                             f"{' per tp rank' if split > 1 else ''}, but the target {name} is {n}"
+                             f"{f' / tp {split}' if split > 1 else ''}: use --quantization fp8"
+                             f"{' or a smaller --tp-size' if split > 1 else ''}")
+
+
+def check_modelopt() -> None:
+    missing = [m for m in ("modelopt", "requests") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise BuildError(f"quantization needs NVIDIA ModelOpt ({', '.join(missing)} not installed): "
+                         "pip install nvidia-modelopt requests pyyaml (or dflash-trt[quant]), or use "
+                         "--quantization bf16 --kv-cache-dtype auto")
+
+
+def _read_json(path: str, flag: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise BuildError(f"{flag} {path} is unreadable: {e} (fix or replace the file)") from None
+    if not isinstance(data, dict):
+        raise BuildError(f"{flag} {path} is not a JSON object (fix or replace the file)")
+    return data
+
+
+def check_target(plan: BuildPlan) -> None:
+    raw = plan.target_raw = _read_json(os.path.join(plan.target, "config.json"), "--target config")
+    archs = raw.get("architectures") or []
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_TARGETS:
+        raise BuildError(f"--target architecture {model_type!r} ({', '.join(archs) or 'no architectures'}) is not "
+                         f"supported: dflash-build handles {', '.join(SUPPORTED_TARGETS.values())} targets")
+    expected = SUPPORTED_TARGETS[model_type]
+    if archs and expected not in archs:
+        raise BuildError(f"--target architectures {archs} are not supported for model_type {model_type!r}: "
+                         f"give a {expected} checkpoint (a causal LM with an lm_head)")
+    plan.architecture = expected
+    if raw.get("quantization_config") or os.path.isfile(os.path.join(plan.target, "hf_quant_config.json")):
+        raise BuildError(f"--target {plan.target} is already quantized: give the original bf16/fp16 checkpoint "
+                         "(dflash-build quantizes it itself)")
+
+
+def check_target_weights(plan: BuildPlan) -> None:
+    from dflash_trt.checkpoint import tensor_shapes
+
+    shapes = tensor_shapes(plan.target, "target")
+    t = plan.tcfg
+    want = {"model.embed_tokens.weight": [t.vocab_size, t.hidden_size],
+            "model.layers.0.self_attn.q_proj.weight": [t.num_attention_heads * t.head_dim, t.hidden_size],
+            "model.layers.0.mlp.gate_proj.weight": [t.intermediate_size, t.hidden_size],
+            f"model.layers.{t.num_hidden_layers - 1}.mlp.down_proj.weight": [t.hidden_size, t.intermediate_size]}
+    for name, shape in want.items():
+        if name not in shapes:
+            raise BuildError(f"--target {plan.target} weights lack {name}: the safetensors do not belong to this "
+                             "config.json (give a complete Hugging Face checkpoint)")
+        if shapes[name][0] != shape:
+            raise BuildError(f"--target weight {name} has shape {shapes[name][0]}, config.json implies {shape}: "
+                             "config.json does not match the weights")
+
+
+def check_draft(plan: BuildPlan) -> None:
+    d = plan.dcfg
+    model_type = d.raw.get("model_type")
+    if model_type not in SUPPORTED_DRAFT_TYPES:
+        raise BuildError(f"--draft model_type {model_type!r} is not supported by TensorRT-LLM's DFlash drafter "
+                         f"loader: it needs a {' or '.join(SUPPORTED_DRAFT_TYPES)} decoder config (z-lab format)")
+    if d.raw.get("quantization_config"):
+        raise BuildError("--draft is quantized: TensorRT-LLM slices the drafter's raw projection weights, so give "
+                         "the BF16 drafter")
+
+
+def check_lengths(plan: BuildPlan) -> None:
+    t, d = plan.tcfg, plan.dcfg
+    if plan.max_draft_len is None:
+        plan.max_draft_len = d.block_size - 1
+    if plan.max_draft_len >= d.block_size:
+        raise BuildError(f"--max-draft-len {plan.max_draft_len} must be below the drafter block_size "
+                         f"{d.block_size}: use --max-draft-len {d.block_size - 1} or less")
+    if plan.max_seq_len is None:
+        plan.max_seq_len = min(8192, t.max_position_embeddings)
+    if plan.max_seq_len > t.max_position_embeddings:
+        raise BuildError(f"--max-seq-len {plan.max_seq_len} exceeds the target's max_position_embeddings "
+                         f"{t.max_position_embeddings}: use --max-seq-len {t.max_position_embeddings} or less")
+    if plan.max_seq_len < plan.max_draft_len + 2:
+        raise BuildError(f"--max-seq-len {plan.max_seq_len} leaves no room for a draft block: use at least "
+                         f"{plan.max_draft_len + 2}")
+    need = plan.max_draft_len + 1
+    if plan.max_num_tokens is None:
+        from .trtllm import default_max_num_tokens
+        plan.max_num_tokens = default_max_num_tokens(plan.max_seq_len, plan.max_batch_size, plan.max_draft_len)
+    elif plan.max_num_tokens < need:
+        raise BuildError(f"--max-num-tokens {plan.max_num_tokens} is below one generation step "
+                         f"(max_draft_len + 1 = {need}): use --max-num-tokens {need} or more")
+
+
+def validate_plan(plan: BuildPlan) -> BuildPlan:
+    """Raises a DFlashError (one-line message) on the first problem; fills in configs and defaults."""
+    check_flags(plan)
+    plan.target = _check_dir(plan.target, "--target", "target")
+    plan.draft = _check_dir(plan.draft, "--draft", "drafter")
+    check_output(plan)
+    check_target(plan)
+    from dflash_trt.loader import ModelPaths, load_configs
+
+    plan.tcfg, plan.dcfg = load_configs(ModelPaths(plan.target, plan.draft))  # validate_pair runs inside
+    check_draft(plan)
+    check_lengths(plan)
+    check_tp(plan)
+    check_target_weights(plan)
+    if plan.quantization == "nvfp4":
+        check_nvfp4_shapes(plan)
+    if plan.uses_modelopt:
+        check_modelopt()
+    if plan.calib_data is not None:
+        plan.calib_data = os.path.abspath(plan.calib_data)
+    return plan

@@ -1,0 +1,1163 @@
+// Batch-invariant CPU kernels (linear, RMSNorm, SiLU*mul, paged attention) registered as torch ops
+// dflash_trt::bi_*.
+//
+// Invariance contract: every output element is produced by one fixed sequence of IEEE fp32 operations that
+// depends only on the inputs of that element (its row of x, the weights, its visible keys), never on how many
+// rows share the call, where the row sits, how the work is split over threads, or which SIMD path runs.
+//
+//   linear    y[m,n] = tree_c( fma-chain_{k in chunk c, ascending}(x[m,k] * w[n,k]) ) (+ bias[n])
+//             chunks: K split into k_splits equal contiguous ranges; tree = pairwise levels
+//             ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)). Each fma chain starts from +0.
+//   rms_norm  ss = hsum16(lane l: fma-chain over h = l, l+16, ...(x_h*x_h)); r = 1/sqrtf(ss/H + eps)
+//   attention score_j = hsum16(lane l: fma-chain over d = l, l+16, ...(q_d*k_jd)) * scale;
+//             m = max_j; p_j = exp(score_j - m); l = hsum16(lane l: sum of p_j, j = l, l+16, ... ascending);
+//             o = (fma-chain over j ascending (p_j * v_j)) / l
+//   hsum16(v) = (r2[0]+r2[1]) with r8[i]=v[i]+v[i+8], r4[i]=r8[i]+r8[i+4], r2[i]=r4[i]+r4[i+2]
+//   exp: Cody-Waite range reduction + degree-6 polynomial (Cephes expf), the same ops on every path.
+//
+// The kernel body (below the #else) is compiled three times through a self-include: AVX-512, AVX2+FMA and
+// portable scalar. They implement the same 16-lane algorithm op for op, so their results are bitwise equal;
+// the best one the CPU supports is chosen at load time (DFLASH_BI_ISA=avx512|avx2|scalar overrides).
+//
+// OpenMP splits work over output tiles (linear: panels of 32 columns and row ranges; norm/silu: rows;
+// attention: (row, head) items); a reduction is never split across threads.
+
+#ifndef BI_KERNEL_PASS
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace bi {
+
+enum DType : int { F32 = 0, BF16 = 1 };
+
+struct LinParams {
+  const float* x;   // [M, ldx] fp32
+  int64_t ldx;
+  int64_t xk0;      // column of x where the first chunk starts
+  const void* w;    // packed panels: f32 [P][K][32] or bf16 pairs [P][K][16] (u32 = hi:col j, lo:col j+16)
+  int wt;
+  int64_t K;        // packed K (panel length)
+  int64_t wk0;      // k of the packed weights where the first chunk starts
+  int64_t N;        // true output columns
+  int64_t chunk_len;
+  int nchunks;      // power of two <= 8
+  const float* bias;  // [N] fp32 or null
+  void* y;
+  int yt;
+  int64_t ldy;
+};
+
+struct NormParams {
+  const void* x; int xt; int64_t ldx;
+  const void* r; int64_t ldr;       // residual (same dtype as x) or null
+  void* ro; int64_t ldro;           // x + residual written here (x dtype) when r != null
+  const void* w; int wt;
+  void* y; int yt; int64_t ldy;
+  int64_t H;
+  float eps;
+};
+
+struct SiluParams {
+  const void* g; int64_t ldg;
+  const void* u; int64_t ldu;
+  void* y; int64_t ldy;
+  int t;  // dtype of all three
+  int64_t C;
+};
+
+struct AttnParams {
+  const float* q;      // [T, H, D] fp32 contiguous
+  int64_t T, H, KVH, D;
+  const void* kc;      // [S, KVH, D]
+  const void* vc;
+  int ct;
+  const int64_t* slots;
+  const int64_t* q_start;
+  const int64_t* q_len;
+  const int64_t* kv_len;
+  const int64_t* kv_off;
+  const int32_t* row_seq;
+  float scale;
+  bool causal;
+  void* out;           // [T, H, D]
+  int ot;
+};
+
+struct Kernels {
+  const char* name;
+  void (*linear_tile)(const LinParams&, int64_t m0, int64_t m1, int64_t p0, int64_t p1);
+  void (*norm_rows)(const NormParams&, int64_t r0, int64_t r1);
+  void (*silu_rows)(const SiluParams&, int64_t r0, int64_t r1);
+  void (*attn_items)(const AttnParams&, int64_t i0, int64_t i1, float* scratch);
+  void (*selftest_reduce)(const float* a, float* out);  // out[j] = hsum16(a[16j..16j+15]) via reduce16
+};
+
+}  // namespace bi
+
+// ---------------------------------------------------------------------------------------------------------
+// three compilations of the kernel body
+
+#define BI_KERNEL_PASS 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2")
+namespace bi_avx512 {
+#include __FILE__
+}
+#pragma GCC pop_options
+#undef BI_KERNEL_PASS
+
+#define BI_KERNEL_PASS 2
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace bi_avx2 {
+#include __FILE__
+}
+#pragma GCC pop_options
+#undef BI_KERNEL_PASS
+
+#define BI_KERNEL_PASS 3
+namespace bi_scalar {
+#include __FILE__
+}
+#undef BI_KERNEL_PASS
+
+// ---------------------------------------------------------------------------------------------------------
+// dispatch + torch glue
+
+namespace bi {
+
+static const Kernels* g_kernels = nullptr;
+
+static const Kernels* pick_kernels(const std::string& want) {
+  __builtin_cpu_init();
+  bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (want == "avx512") {
+    TORCH_CHECK(has512, "bi: this CPU lacks AVX-512 (F/BW/VL/DQ)");
+    return &bi_avx512::kTable;
+  }
+  if (want == "avx2") {
+    TORCH_CHECK(has2, "bi: this CPU lacks AVX2/FMA");
+    return &bi_avx2::kTable;
+  }
+  if (want == "scalar") return &bi_scalar::kTable;
+  TORCH_CHECK(want.empty() || want == "auto", "bi: unknown ISA '", want, "' (avx512|avx2|scalar|auto)");
+  if (has512) return &bi_avx512::kTable;
+  if (has2) return &bi_avx2::kTable;
+  return &bi_scalar::kTable;
+}
+
+static const Kernels& K() {
+  if (!g_kernels) {
+    const char* e = std::getenv("DFLASH_BI_ISA");
+    g_kernels = pick_kernels(e ? std::string(e) : std::string());
+  }
+  return *g_kernels;
+}
+
+static int dtype_code(const at::Tensor& t, const char* what) {
+  if (t.scalar_type() == at::kFloat) return F32;
+  if (t.scalar_type() == at::kBFloat16) return BF16;
+  TORCH_CHECK(false, "bi: ", what, " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+static int nthreads() { return std::max(1, at::get_num_threads()); }
+
+static void balanced(int64_t n, int parts, int idx, int64_t& b, int64_t& e) {
+  b = n * idx / parts;
+  e = n * (idx + 1) / parts;
+}
+
+// ---- linear ----------------------------------------------------------------------------------------------
+
+static void run_linear(const LinParams& p, int64_t M) {
+  const Kernels& k = K();
+  const int64_t P = (p.N + 31) / 32;
+  if (M == 0 || P == 0) return;
+  int T = nthreads();
+  const double macs = double(M) * double(P * 32) * double(p.chunk_len * p.nchunks);
+  if (macs < 4.0e5) T = 1;  // fork/join would cost more than the work
+  int tn = (int)std::min<int64_t>(T, P);
+  int tm = std::max(1, T / tn);
+  if (tm > M) tm = (int)M;
+  T = tn * tm;
+  if (T == 1) {
+    k.linear_tile(p, 0, M, 0, P);
+    return;
+  }
+#pragma omp parallel num_threads(T)
+  {
+    int tid = omp_get_thread_num();
+    if (tid < T) {
+      int64_t m0, m1, p0, p1;
+      balanced(M, tm, tid % tm, m0, m1);
+      balanced(P, tn, tid / tm, p0, p1);
+      if (m1 > m0 && p1 > p0) k.linear_tile(p, m0, m1, p0, p1);
+    }
+  }
+}
+
+static at::Tensor x_as_f32(const at::Tensor& x) {
+  at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  if (xf.stride(1) != 1 || (xf.size(0) > 1 && xf.stride(0) < xf.size(1))) xf = xf.contiguous();
+  return xf;
+}
+
+static void check_packed(const at::Tensor& packed, int64_t n) {
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 32 && packed.is_contiguous(),
+              "bi: packed weight must be a contiguous [P, K, 32] tensor (use pack_linear)");
+  dtype_code(packed, "packed weight");
+  TORCH_CHECK(n > 0 && (n + 31) / 32 == packed.size(0), "bi: n=", n, " does not match packed panels ",
+              packed.size(0));
+}
+
+static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                            const c10::optional<at::Tensor>& bias, int64_t k_splits) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear: CPU tensors only");
+  TORCH_CHECK(x.dim() == 2, "bi_linear: x must be [M, K]");
+  check_packed(packed, n);
+  const int64_t Kp = packed.size(1);
+  TORCH_CHECK(x.size(1) == Kp, "bi_linear: x has K=", x.size(1), " but the weight has K=", Kp);
+  TORCH_CHECK(k_splits == 1 || k_splits == 2 || k_splits == 4 || k_splits == 8,
+              "bi_linear: k_splits must be 1, 2, 4 or 8");
+  TORCH_CHECK(Kp % k_splits == 0, "bi_linear: K=", Kp, " not divisible by k_splits=", k_splits);
+  int yt = dtype_code(x, "x");
+  at::Tensor xf = x_as_f32(x);
+  at::Tensor bf;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bi_linear: bias must have n elements");
+    bf = bias->to(at::kFloat).contiguous();
+  }
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, n}, x.options());
+  LinParams p{};
+  p.x = xf.data_ptr<float>();
+  p.ldx = M > 1 ? xf.stride(0) : Kp;
+  p.xk0 = 0;
+  p.w = packed.data_ptr();
+  p.wt = dtype_code(packed, "packed weight");
+  p.K = Kp;
+  p.wk0 = 0;
+  p.N = n;
+  p.chunk_len = Kp / k_splits;
+  p.nchunks = (int)k_splits;
+  p.bias = bf.defined() ? bf.data_ptr<float>() : nullptr;
+  p.y = y.data_ptr();
+  p.yt = yt;
+  p.ldy = n;
+  run_linear(p, M);
+  return y;
+}
+
+static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
+                                    int64_t chunk_end, int64_t k_splits) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear_partial: CPU tensors only");
+  TORCH_CHECK(x.dim() == 2, "bi_linear_partial: x must be [M, K]");
+  check_packed(packed, n);
+  const int64_t Kp = packed.size(1);
+  TORCH_CHECK(k_splits == 1 || k_splits == 2 || k_splits == 4 || k_splits == 8,
+              "bi_linear_partial: k_splits must be 1, 2, 4 or 8");
+  TORCH_CHECK(Kp % k_splits == 0, "bi_linear_partial: K=", Kp, " not divisible by k_splits=", k_splits);
+  const int64_t cnt = chunk_end - chunk_begin;
+  TORCH_CHECK(chunk_begin >= 0 && chunk_end <= k_splits && cnt > 0 && (cnt & (cnt - 1)) == 0 &&
+                  chunk_begin % cnt == 0,
+              "bi_linear_partial: [chunk_begin, chunk_end) must be a power-of-two count of chunks aligned to "
+              "its size");
+  const int64_t cl = Kp / k_splits;
+  int64_t xk0;
+  if (x.size(1) == Kp) {
+    xk0 = chunk_begin * cl;
+  } else {
+    TORCH_CHECK(x.size(1) == cnt * cl, "bi_linear_partial: x must have K=", Kp, " or exactly the ", cnt * cl,
+                " columns of the chunks");
+    xk0 = 0;
+  }
+  at::Tensor xf = x_as_f32(x);
+  const int64_t M = x.size(0);
+  at::Tensor y = at::empty({M, n}, x.options().dtype(at::kFloat));
+  LinParams p{};
+  p.x = xf.data_ptr<float>();
+  p.ldx = M > 1 ? xf.stride(0) : x.size(1);
+  p.xk0 = xk0;
+  p.w = packed.data_ptr();
+  p.wt = dtype_code(packed, "packed weight");
+  p.K = Kp;
+  p.wk0 = chunk_begin * cl;
+  p.N = n;
+  p.chunk_len = cl;
+  p.nchunks = (int)cnt;
+  p.bias = nullptr;
+  p.y = y.data_ptr();
+  p.yt = F32;
+  p.ldy = n;
+  run_linear(p, M);
+  return y;
+}
+
+// ---- rms norm ----------------------------------------------------------------------------------------------
+
+static void run_norm(const NormParams& p, int64_t rows) {
+  const Kernels& k = K();
+  if (rows == 0) return;
+  int T = nthreads();
+  if (rows * p.H < 16384) T = 1;
+  T = (int)std::min<int64_t>(T, rows);
+  if (T == 1) {
+    k.norm_rows(p, 0, rows);
+    return;
+  }
+#pragma omp parallel num_threads(T)
+  {
+    int64_t r0, r1;
+    balanced(rows, omp_get_num_threads(), omp_get_thread_num(), r0, r1);
+    if (r1 > r0) k.norm_rows(p, r0, r1);
+  }
+}
+
+static at::Tensor rows2d(const at::Tensor& x) {
+  at::Tensor c = x.stride(-1) == 1 ? x : x.contiguous();
+  if (c.dim() == 2) return c;
+  c = c.contiguous();
+  return c.view({-1, c.size(-1)});
+}
+
+static std::vector<at::Tensor> norm_impl(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                         const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.device().is_cpu(), "bi_rms_norm: CPU tensors only");
+  TORCH_CHECK(x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1),
+              "bi_rms_norm: weight must be [H] with H = x.size(-1)");
+  int xt = dtype_code(x, "x");
+  int wt = dtype_code(weight, "weight");
+  at::ScalarType yst = at::promote_types(x.scalar_type(), weight.scalar_type());
+  at::Tensor x2 = rows2d(x.dim() == 1 ? x.view({1, -1}) : x);
+  at::Tensor w = weight.contiguous();
+  const int64_t rows = x2.size(0), H = x2.size(1);
+  at::Tensor y = at::empty({rows, H}, x.options().dtype(yst));
+  NormParams p{};
+  p.x = x2.data_ptr(); p.xt = xt; p.ldx = rows > 1 ? x2.stride(0) : H;
+  at::Tensor r2, ro;
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
+                "bi_add_rms_norm: residual must match x in shape and dtype");
+    r2 = rows2d(residual->dim() == 1 ? residual->view({1, -1}) : *residual);
+    ro = at::empty({rows, H}, x.options());
+    p.r = r2.data_ptr(); p.ldr = rows > 1 ? r2.stride(0) : H;
+    p.ro = ro.data_ptr(); p.ldro = H;
+  }
+  p.w = w.data_ptr(); p.wt = wt;
+  p.y = y.data_ptr(); p.yt = dtype_code(y, "out"); p.ldy = H;
+  p.H = H;
+  p.eps = (float)eps;
+  run_norm(p, rows);
+  std::vector<at::Tensor> out{y.view(x.sizes())};
+  if (residual.has_value()) out.push_back(ro.view(x.sizes()));
+  return out;
+}
+
+static at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return norm_impl(x, c10::nullopt, weight, eps)[0];
+}
+
+static std::tuple<at::Tensor, at::Tensor> bi_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+                                                          const at::Tensor& weight, double eps) {
+  auto v = norm_impl(x, residual, weight, eps);
+  return {v[0], v[1]};
+}
+
+// ---- silu * mul ------------------------------------------------------------------------------------------
+
+static at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(gate.device().is_cpu(), "bi_silu_mul: CPU tensors only");
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+              "bi_silu_mul: gate and up must match in shape and dtype");
+  int t = dtype_code(gate, "gate");
+  at::Tensor g2 = rows2d(gate.dim() == 1 ? gate.view({1, -1}) : gate);
+  at::Tensor u2 = rows2d(up.dim() == 1 ? up.view({1, -1}) : up);
+  const int64_t rows = g2.size(0), C = g2.size(1);
+  at::Tensor y = at::empty({rows, C}, gate.options());
+  SiluParams p{};
+  p.g = g2.data_ptr(); p.ldg = rows > 1 ? g2.stride(0) : C;
+  p.u = u2.data_ptr(); p.ldu = rows > 1 ? u2.stride(0) : C;
+  p.y = y.data_ptr(); p.ldy = C;
+  p.t = t;
+  p.C = C;
+  const Kernels& k = K();
+  if (rows > 0) {
+    int T = nthreads();
+    if (rows * C < 32768) T = 1;
+    T = (int)std::min<int64_t>(T, rows);
+    if (T == 1) {
+      k.silu_rows(p, 0, rows);
+    } else {
+#pragma omp parallel num_threads(T)
+      {
+        int64_t r0, r1;
+        balanced(rows, omp_get_num_threads(), omp_get_thread_num(), r0, r1);
+        if (r1 > r0) k.silu_rows(p, r0, r1);
+      }
+    }
+  }
+  return y.view(gate.sizes());
+}
+
+// ---- paged attention -------------------------------------------------------------------------------------
+
+static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                     const at::Tensor& q_start, const at::Tensor& q_len, const at::Tensor& kv_len,
+                                     const at::Tensor& kv_slots, const at::Tensor& kv_offsets, double scale,
+                                     bool causal) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "bi_paged_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3, "bi_paged_attention: q must be [T, H, D]");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t KVH = k_cache.size(-2);
+  TORCH_CHECK(k_cache.size(-1) == D && v_cache.sizes() == k_cache.sizes(),
+              "bi_paged_attention: caches must be [S, KVH, D] (or [blocks, block_size, KVH, D]) with q's D");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "bi_paged_attention: k/v caches differ in dtype");
+  TORCH_CHECK(KVH > 0 && H % KVH == 0, "bi_paged_attention: H must be a multiple of KVH");
+  TORCH_CHECK(D > 0 && D <= 512, "bi_paged_attention: head dim must be in 1..512");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "bi_paged_attention: caches must be contiguous");
+  int ct = dtype_code(k_cache, "k_cache");
+  int ot = dtype_code(q, "q");
+  at::Tensor qf = q.to(at::kFloat).contiguous();
+  auto as64 = [](const at::Tensor& t) { return t.to(at::kLong).contiguous(); };
+  at::Tensor qs = as64(q_start), ql = as64(q_len), kl = as64(kv_len), ko = as64(kv_offsets), sl = as64(kv_slots);
+  const int64_t B = qs.numel();
+  TORCH_CHECK(ql.numel() == B && kl.numel() == B && ko.numel() == B,
+              "bi_paged_attention: q_start, q_len, kv_len and kv_offsets must have one entry per sequence");
+  const int64_t* qsp = qs.data_ptr<int64_t>();
+  const int64_t* qlp = ql.data_ptr<int64_t>();
+  const int64_t* klp = kl.data_ptr<int64_t>();
+  const int64_t* kop = ko.data_ptr<int64_t>();
+  const int64_t nslots = sl.numel();
+  const int64_t S = k_cache.numel() / (KVH * D);
+  std::vector<int32_t> row_seq(T, -1);
+  int64_t max_kv = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(qlp[b] >= 0 && klp[b] >= qlp[b] && qsp[b] >= 0 && qsp[b] + qlp[b] <= T && kop[b] >= 0 &&
+                    kop[b] + klp[b] <= nslots,
+                "bi_paged_attention: bad sequence ", b, " (q_start ", qsp[b], ", q_len ", qlp[b], ", kv_len ",
+                klp[b], ", kv_offset ", kop[b], ")");
+    for (int64_t i = 0; i < qlp[b]; ++i) row_seq[qsp[b] + i] = (int32_t)b;
+    max_kv = std::max(max_kv, klp[b]);
+  }
+  {
+    const int64_t* s = sl.data_ptr<int64_t>();
+    for (int64_t i = 0; i < nslots; ++i)
+      TORCH_CHECK(s[i] >= 0 && s[i] < S, "bi_paged_attention: kv slot ", s[i], " out of range [0, ", S, ")");
+  }
+  at::Tensor out = at::zeros({T, H, D}, q.options());
+  AttnParams p{};
+  p.q = qf.data_ptr<float>();
+  p.T = T; p.H = H; p.KVH = KVH; p.D = D;
+  p.kc = k_cache.data_ptr(); p.vc = v_cache.data_ptr(); p.ct = ct;
+  p.slots = sl.data_ptr<int64_t>();
+  p.q_start = qsp; p.q_len = qlp; p.kv_len = klp; p.kv_off = kop;
+  p.row_seq = row_seq.data();
+  p.scale = (float)scale;
+  p.causal = causal;
+  p.out = out.data_ptr(); p.ot = ot;
+  const int64_t items = T * H;
+  if (items == 0) return out;
+  const Kernels& k = K();
+  const int64_t scr = ((max_kv + 15) / 16) * 16 + 16;
+  int Tn = nthreads();
+  if (items < 2 || double(T) * double(max_kv) * double(H * D) < 2.0e5) Tn = 1;
+  Tn = (int)std::min<int64_t>(Tn, items);
+  std::vector<float> scratch((size_t)scr * Tn);
+  if (Tn == 1) {
+    k.attn_items(p, 0, items, scratch.data());
+  } else {
+    // dynamic chunks of consecutive (row, head) items: causal rows differ in cost
+    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(H, items / (Tn * 8)));
+#pragma omp parallel num_threads(Tn)
+    {
+      float* s = scratch.data() + (size_t)scr * omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t c = 0; c < (items + chunk - 1) / chunk; ++c) {
+        k.attn_items(p, c * chunk, std::min(items, (c + 1) * chunk), s);
+      }
+    }
+  }
+  return out;
+}
+
+// ---- misc --------------------------------------------------------------------------------------------------
+
+static std::string bi_set_isa(const std::string& isa) {
+  if (!isa.empty()) g_kernels = pick_kernels(isa);
+  return K().name;
+}
+
+static at::Tensor bi_selftest_reduce(const at::Tensor& a) {
+  at::Tensor c = a.to(at::kFloat).contiguous();
+  TORCH_CHECK(c.numel() == 256, "bi_selftest_reduce: 256 floats");
+  at::Tensor out = at::empty({16}, c.options());
+  K().selftest_reduce(c.data_ptr<float>(), out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace bi
+
+TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
+  m.def("bi_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int k_splits=1) -> Tensor");
+  m.def("bi_linear_partial(Tensor x, Tensor packed, int n, int chunk_begin, int chunk_end, int k_splits) -> Tensor");
+  m.def("bi_rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("bi_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("bi_silu_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("bi_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start, Tensor q_len, "
+        "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets, float scale, bool causal=True) -> Tensor");
+  m.def("bi_set_isa(str isa) -> str", &bi::bi_set_isa);
+  m.def("bi_selftest_reduce(Tensor a) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
+  m.impl("bi_linear", &bi::bi_linear);
+  m.impl("bi_linear_partial", &bi::bi_linear_partial);
+  m.impl("bi_rms_norm", &bi::bi_rms_norm);
+  m.impl("bi_add_rms_norm", &bi::bi_add_rms_norm);
+  m.impl("bi_silu_mul", &bi::bi_silu_mul);
+  m.impl("bi_paged_attention", &bi::bi_paged_attention);
+  m.impl("bi_selftest_reduce", &bi::bi_selftest_reduce);
+}
+
+#else  // ===================================== kernel body (one ISA per pass) =================================
+
+using bi::AttnParams;
+using bi::Kernels;
+using bi::LinParams;
+using bi::NormParams;
+using bi::SiluParams;
+
+#define BI_INLINE static inline __attribute__((always_inline))
+
+BI_INLINE uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+BI_INLINE float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+// fp32 -> bf16 bits, round to nearest even, NaN -> 0x7FC0 (as torch does)
+BI_INLINE uint16_t f2bf_s(float f) {
+  if (f != f) return 0x7FC0;
+  uint32_t u = f2u(f);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+#if BI_KERNEL_PASS == 1  // ------------------------------------------------------------------- AVX-512
+static const char* const kIsaName = "avx512";
+enum { MR_MAX = 14 };
+static inline int np_for(int mr) { return mr <= 3 ? 4 : (mr <= 7 ? 2 : 1); }
+
+struct V16 { __m512 v; };
+BI_INLINE __mmask16 mask16(int n) { return (__mmask16)((1u << n) - 1u); }
+BI_INLINE V16 vzero() { return {_mm512_setzero_ps()}; }
+BI_INLINE V16 vset1(float a) { return {_mm512_set1_ps(a)}; }
+BI_INLINE V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+BI_INLINE V16 vload_n(const float* p, int n) { return {_mm512_maskz_loadu_ps(mask16(n), p)}; }
+BI_INLINE void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+BI_INLINE void vstore_n(float* p, V16 a, int n) { _mm512_mask_storeu_ps(p, mask16(n), a.v); }
+BI_INLINE V16 bf_widen(__m256i h) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))}; }
+BI_INLINE V16 vload_bf(const uint16_t* p) { return bf_widen(_mm256_loadu_si256((const __m256i*)p)); }
+BI_INLINE V16 vload_bf_n(const uint16_t* p, int n) { return bf_widen(_mm256_maskz_loadu_epi16(mask16(n), p)); }
+BI_INLINE __m512i bf_round_bits(__m512 x) {  // rounded fp32 bits with the low 16 bits cleared
+  __m512i b = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u));
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC00000));
+}
+BI_INLINE V16 vround_bf(V16 a) { return {_mm512_castsi512_ps(bf_round_bits(a.v))}; }
+BI_INLINE __m256i bf_narrow(V16 a) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf_round_bits(a.v), 16)); }
+BI_INLINE void vstore_bf(uint16_t* p, V16 a) { _mm256_storeu_si256((__m256i*)p, bf_narrow(a)); }
+BI_INLINE void vstore_bf_n(uint16_t* p, V16 a, int n) { _mm256_mask_storeu_epi16(p, mask16(n), bf_narrow(a)); }
+BI_INLINE void vload_bfpair(const uint32_t* p, V16& c0, V16& c1) {
+  __m512i w = _mm512_loadu_si512((const void*)p);
+  c0.v = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
+  c1.v = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+BI_INLINE V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+BI_INLINE V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+BI_INLINE V16 vsub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+BI_INLINE V16 vmul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+BI_INLINE V16 vdiv(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+BI_INLINE V16 vmax(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+BI_INLINE V16 vmin(V16 a, V16 b) { return {_mm512_min_ps(a.v, b.v)}; }
+BI_INLINE V16 vpow2i(V16 n) {  // n integral in [-126, 128]
+  __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+BI_INLINE float hsum(V16 a) {
+  __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
+  __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
+  __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
+  __m128 r = _mm_add_ss(r2, _mm_shuffle_ps(r2, r2, 1));
+  return _mm_cvtss_f32(r);
+}
+BI_INLINE float hmax(V16 a) { return _mm512_reduce_max_ps(a.v); }  // max is exact: order does not matter
+// out lane j = hsum(a[j]) with the same tree as hsum, for 16 vectors at once (butterfly transpose-reduce)
+BI_INLINE V16 reduce16(const V16* a) {
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i].v, a[2 * i + 1].v, 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i].v, a[2 * i + 1].v, 0xEE));
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+  __m512 r = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+  // lane 4q+s holds key 4s+q
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return {_mm512_permutexvar_ps(idx, r)};
+}
+
+#elif BI_KERNEL_PASS == 2  // ----------------------------------------------------------------- AVX2 + FMA
+static const char* const kIsaName = "avx2";
+enum { MR_MAX = 3 };
+static inline int np_for(int mr) { return mr == 1 ? 2 : 1; }
+
+struct V16 { __m256 lo, hi; };
+BI_INLINE __m256i mask8(int n) {  // lanes < n set
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+BI_INLINE V16 vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+BI_INLINE V16 vset1(float a) { __m256 s = _mm256_set1_ps(a); return {s, s}; }
+BI_INLINE V16 vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+BI_INLINE V16 vload_n(const float* p, int n) {
+  return {_mm256_maskload_ps(p, mask8(n)), _mm256_maskload_ps(p + 8, mask8(n - 8))};
+}
+BI_INLINE void vstore(float* p, V16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+BI_INLINE void vstore_n(float* p, V16 a, int n) {
+  _mm256_maskstore_ps(p, mask8(n), a.lo);
+  _mm256_maskstore_ps(p + 8, mask8(n - 8), a.hi);
+}
+BI_INLINE V16 vload_bf(const uint16_t* p) {
+  __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16);
+  __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8))), 16);
+  return {_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi)};
+}
+BI_INLINE V16 vload_bf_n(const uint16_t* p, int n) {
+  alignas(32) uint16_t t[16] = {0};
+  for (int i = 0; i < n; ++i) t[i] = p[i];
+  return vload_bf(t);
+}
+BI_INLINE __m256i bf_round_bits8(__m256 x) {
+  __m256i b = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFFF0000u));
+  __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC00000), nan);
+}
+BI_INLINE V16 vround_bf(V16 a) {
+  return {_mm256_castsi256_ps(bf_round_bits8(a.lo)), _mm256_castsi256_ps(bf_round_bits8(a.hi))};
+}
+BI_INLINE __m256i bf_narrow(V16 a) {
+  __m256i lo = _mm256_srli_epi32(bf_round_bits8(a.lo), 16), hi = _mm256_srli_epi32(bf_round_bits8(a.hi), 16);
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xD8);
+}
+BI_INLINE void vstore_bf(uint16_t* p, V16 a) { _mm256_storeu_si256((__m256i*)p, bf_narrow(a)); }
+BI_INLINE void vstore_bf_n(uint16_t* p, V16 a, int n) {
+  alignas(32) uint16_t t[16];
+  _mm256_store_si256((__m256i*)t, bf_narrow(a));
+  for (int i = 0; i < n; ++i) p[i] = t[i];
+}
+BI_INLINE void vload_bfpair(const uint32_t* p, V16& c0, V16& c1) {
+  __m256i w0 = _mm256_loadu_si256((const __m256i*)p), w1 = _mm256_loadu_si256((const __m256i*)(p + 8));
+  const __m256i m = _mm256_set1_epi32((int)0xFFFF0000u);
+  c0.lo = _mm256_castsi256_ps(_mm256_and_si256(w0, m));
+  c0.hi = _mm256_castsi256_ps(_mm256_and_si256(w1, m));
+  c1.lo = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+  c1.hi = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+}
+BI_INLINE V16 vfma(V16 a, V16 b, V16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+BI_INLINE V16 vadd(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+BI_INLINE V16 vsub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+BI_INLINE V16 vmul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+BI_INLINE V16 vdiv(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+BI_INLINE V16 vmax(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+BI_INLINE V16 vmin(V16 a, V16 b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+BI_INLINE __m256 pow2i8(__m256 n) {
+  __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+}
+BI_INLINE V16 vpow2i(V16 n) { return {pow2i8(n.lo), pow2i8(n.hi)}; }
+BI_INLINE float hsum(V16 a) {
+  __m256 r8 = _mm256_add_ps(a.lo, a.hi);
+  __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
+  __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
+  __m128 r = _mm_add_ss(r2, _mm_shuffle_ps(r2, r2, 1));
+  return _mm_cvtss_f32(r);
+}
+BI_INLINE float hmax(V16 a) {
+  alignas(32) float t[16];
+  _mm256_store_ps(t, a.lo);
+  _mm256_store_ps(t + 8, a.hi);
+  float m = t[0];
+  for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
+  return m;
+}
+BI_INLINE V16 reduce16(const V16* a) {
+  alignas(32) float t[16];
+  for (int j = 0; j < 16; ++j) t[j] = hsum(a[j]);
+  return vload(t);
+}
+
+#else  // ---------------------------------------------------------------------------------------- portable
+static const char* const kIsaName = "scalar";
+enum { MR_MAX = 4 };
+static inline int np_for(int) { return 1; }
+
+struct V16 { float v[16]; };
+BI_INLINE V16 vzero() { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = 0.0f; return r; }
+BI_INLINE V16 vset1(float a) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a; return r; }
+BI_INLINE V16 vload(const float* p) { V16 r; std::memcpy(r.v, p, 64); return r; }
+BI_INLINE V16 vload_n(const float* p, int n) { V16 r = vzero(); for (int i = 0; i < n; ++i) r.v[i] = p[i]; return r; }
+BI_INLINE void vstore(float* p, V16 a) { std::memcpy(p, a.v, 64); }
+BI_INLINE void vstore_n(float* p, V16 a, int n) { for (int i = 0; i < n; ++i) p[i] = a.v[i]; }
+BI_INLINE V16 vload_bf(const uint16_t* p) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = u2f((uint32_t)p[i] << 16); return r; }
+BI_INLINE V16 vload_bf_n(const uint16_t* p, int n) {
+  V16 r = vzero();
+  for (int i = 0; i < n; ++i) r.v[i] = u2f((uint32_t)p[i] << 16);
+  return r;
+}
+BI_INLINE V16 vround_bf(V16 a) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = u2f((uint32_t)f2bf_s(a.v[i]) << 16); return r; }
+BI_INLINE void vstore_bf(uint16_t* p, V16 a) { for (int i = 0; i < 16; ++i) p[i] = f2bf_s(a.v[i]); }
+BI_INLINE void vstore_bf_n(uint16_t* p, V16 a, int n) { for (int i = 0; i < n; ++i) p[i] = f2bf_s(a.v[i]); }
+BI_INLINE void vload_bfpair(const uint32_t* p, V16& c0, V16& c1) {
+  for (int i = 0; i < 16; ++i) {
+    c0.v[i] = u2f(p[i] & 0xFFFF0000u);
+    c1.v[i] = u2f(p[i] << 16);
+  }
+}
+BI_INLINE V16 vfma(V16 a, V16 b, V16 c) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return r; }
+BI_INLINE V16 vadd(V16 a, V16 b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] + b.v[i]; return r; }
+BI_INLINE V16 vsub(V16 a, V16 b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] - b.v[i]; return r; }
+BI_INLINE V16 vmul(V16 a, V16 b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] * b.v[i]; return r; }
+BI_INLINE V16 vdiv(V16 a, V16 b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] / b.v[i]; return r; }
+// x86 maxps/minps semantics: (a > b ? a : b), (a < b ? a : b)
+BI_INLINE V16 vmax(V16 a, V16 b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]; return r; }
+BI_INLINE V16 vmin(V16 a, V16 b) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = a.v[i] < b.v[i] ? a.v[i] : b.v[i]; return r; }
+BI_INLINE V16 vpow2i(V16 n) {
+  V16 r;
+  for (int i = 0; i < 16; ++i) r.v[i] = u2f((uint32_t)((int32_t)n.v[i] + 127) << 23);
+  return r;
+}
+BI_INLINE float hsum(V16 a) {
+  float r8[8], r4[4], r2[2];
+  for (int i = 0; i < 8; ++i) r8[i] = a.v[i] + a.v[i + 8];
+  for (int i = 0; i < 4; ++i) r4[i] = r8[i] + r8[i + 4];
+  for (int i = 0; i < 2; ++i) r2[i] = r4[i] + r4[i + 2];
+  return r2[0] + r2[1];
+}
+BI_INLINE float hmax(V16 a) { float m = a.v[0]; for (int i = 1; i < 16; ++i) m = a.v[i] > m ? a.v[i] : m; return m; }
+BI_INLINE V16 reduce16(const V16* a) { V16 r; for (int j = 0; j < 16; ++j) r.v[j] = hsum(a[j]); return r; }
+#endif
+
+// ------------------------------------------------------------------------------- shared 16-lane algorithms
+
+// exp(x): Cody-Waite reduction by ln2 and the Cephes expf polynomial; |rel err| ~ 2 ulp.
+BI_INLINE V16 vexp(V16 x) {
+  x = vmin(vmax(x, vset1(-87.3f)), vset1(88.7f));
+  const V16 magic = vset1(12582912.0f);  // 1.5 * 2^23: adding and subtracting rounds to nearest even
+  V16 fx = vsub(vadd(vmul(x, vset1(1.44269504088896341f)), magic), magic);
+  V16 r = vfma(fx, vset1(-0.693359375f), x);
+  r = vfma(fx, vset1(2.12194440e-4f), r);
+  V16 p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), r);
+  p = vadd(p, vset1(1.0f));
+  return vmul(p, vpow2i(fx));
+}
+
+template <bool BF>
+BI_INLINE V16 ld(const void* base, int64_t i) {
+  if (BF) return vload_bf((const uint16_t*)base + i);
+  return vload((const float*)base + i);
+}
+template <bool BF>
+BI_INLINE V16 ld_n(const void* base, int64_t i, int n) {
+  if (n == 16) return ld<BF>(base, i);
+  if (BF) return vload_bf_n((const uint16_t*)base + i, n);
+  return vload_n((const float*)base + i, n);
+}
+template <bool BF>
+BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
+  if (BF) {
+    if (n == 16) vstore_bf((uint16_t*)base + i, a); else vstore_bf_n((uint16_t*)base + i, a, n);
+  } else {
+    if (n == 16) vstore((float*)base + i, a); else vstore_n((float*)base + i, a, n);
+  }
+}
+
+// ---- linear microkernel: MR rows x NP panels of 32 columns ----------------------------------------------
+
+// xt: this tile's rows of x packed k-major, xt[k * MR + m] for the call's K range (all chunks)
+template <int MR, int NP, bool WBF>
+static void lin_kernel(const LinParams& p, const float* xt, int64_t m0, int64_t pn0) {
+  V16 acc[MR][NP][2];
+  const int nch = p.nchunks;
+  const int64_t cl = p.chunk_len;
+  alignas(64) float part[8][MR][NP][32];
+  for (int c = 0; c < nch; ++c) {
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NP; ++j) acc[m][j][0] = acc[m][j][1] = vzero();
+    const float* xc = xt + c * cl * MR;
+    const int64_t kk0 = p.wk0 + c * cl;
+    if (WBF) {
+      const uint32_t* wp[NP];
+      for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)p.w + ((pn0 + j) * p.K + kk0) * 16;
+#pragma GCC unroll 4
+      for (int64_t k = 0; k < cl; ++k) {
+        V16 b[NP][2];
+        for (int j = 0; j < NP; ++j) vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
+        for (int m = 0; m < MR; ++m) {
+          V16 a = vset1(xc[k * MR + m]);
+          for (int j = 0; j < NP; ++j) {
+            acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
+            acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
+          }
+        }
+      }
+    } else {
+      const float* wp[NP];
+      for (int j = 0; j < NP; ++j) wp[j] = (const float*)p.w + ((pn0 + j) * p.K + kk0) * 32;
+#pragma GCC unroll 4
+      for (int64_t k = 0; k < cl; ++k) {
+        V16 b[NP][2];
+        for (int j = 0; j < NP; ++j) {
+          b[j][0] = vload(wp[j] + k * 32);
+          b[j][1] = vload(wp[j] + k * 32 + 16);
+        }
+        for (int m = 0; m < MR; ++m) {
+          V16 a = vset1(xc[k * MR + m]);
+          for (int j = 0; j < NP; ++j) {
+            acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
+            acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
+          }
+        }
+      }
+    }
+    if (nch > 1) {
+      for (int m = 0; m < MR; ++m)
+        for (int j = 0; j < NP; ++j) {
+          vstore(&part[c][m][j][0], acc[m][j][0]);
+          vstore(&part[c][m][j][16], acc[m][j][1]);
+        }
+    }
+  }
+  if (nch > 1) {
+    // pairwise tree: level s adds chunk c+s into chunk c (c multiple of 2s)
+    for (int s = 1; s < nch; s *= 2)
+      for (int c = 0; c + s < nch; c += 2 * s)
+        for (int m = 0; m < MR; ++m)
+          for (int j = 0; j < NP; ++j)
+            for (int h = 0; h < 2; ++h)
+              vstore(&part[c][m][j][16 * h],
+                     vadd(vload(&part[c][m][j][16 * h]), vload(&part[c + s][m][j][16 * h])));
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NP; ++j) {
+        acc[m][j][0] = vload(&part[0][m][j][0]);
+        acc[m][j][1] = vload(&part[0][m][j][16]);
+      }
+  }
+  for (int j = 0; j < NP; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t col = (pn0 + j) * 32 + 16 * h;
+      const int64_t rem = p.N - col;
+      if (rem <= 0) continue;
+      const int nv = rem >= 16 ? 16 : (int)rem;
+      V16 bias = vzero();
+      if (p.bias) bias = ld_n<false>(p.bias, col, nv);
+      for (int m = 0; m < MR; ++m) {
+        V16 o = acc[m][j][h];
+        if (p.bias) o = vadd(o, bias);
+        if (p.yt == bi::BF16)
+          st_n<true>(p.y, (m0 + m) * p.ldy + col, o, nv);
+        else
+          st_n<false>(p.y, (m0 + m) * p.ldy + col, o, nv);
+      }
+    }
+}
+
+typedef void (*LinKernelFn)(const LinParams&, const float*, int64_t, int64_t);
+
+template <int MR, bool WBF>
+static LinKernelFn lin_pick_np(int np) {
+  if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 4, WBF>;
+  if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 2, WBF>;
+  return &lin_kernel<MR, 1, WBF>;
+}
+
+template <bool WBF>
+static LinKernelFn lin_pick(int mr, int np) {
+  switch (mr) {
+    case 1: return lin_pick_np<1, WBF>(np);
+    case 2: return lin_pick_np<2, WBF>(np);
+    case 3: return lin_pick_np<3, WBF>(np);
+#if BI_KERNEL_PASS != 2
+    case 4: return lin_pick_np<4, WBF>(np);
+#endif
+#if BI_KERNEL_PASS == 1
+    case 5: return lin_pick_np<5, WBF>(np);
+    case 6: return lin_pick_np<6, WBF>(np);
+    case 7: return lin_pick_np<7, WBF>(np);
+    case 8: return lin_pick_np<8, WBF>(np);
+    case 9: return lin_pick_np<9, WBF>(np);
+    case 10: return lin_pick_np<10, WBF>(np);
+    case 11: return lin_pick_np<11, WBF>(np);
+    case 12: return lin_pick_np<12, WBF>(np);
+    case 13: return lin_pick_np<13, WBF>(np);
+    case 14: return lin_pick_np<14, WBF>(np);
+#endif
+    default: return nullptr;
+  }
+}
+
+static int np_of(int mr, int want) {
+  // the NP a kernel instantiation really has (mirrors lin_pick_np)
+  if (want >= 4 && mr * 4 * 2 <= 2 * MR_MAX) return 4;
+  if (want >= 2 && mr * 2 * 2 <= 2 * MR_MAX) return 2;
+  return 1;
+}
+
+static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
+  // rows in cache blocks (x block ~ 384 KiB), each block in balanced tiles of <= MR_MAX rows
+  const int64_t kx = p.chunk_len * p.nchunks;
+  int64_t mb = (384 * 1024) / (4 * std::max<int64_t>(kx, 1));
+  mb = std::max<int64_t>(MR_MAX, (mb / MR_MAX) * MR_MAX);
+  const bool wbf = p.wt == bi::BF16;
+  thread_local std::vector<float> xbuf;
+  for (int64_t b0 = m0; b0 < m1; b0 += mb) {
+    const int64_t rows = std::min(mb, m1 - b0);
+    const int64_t nt = (rows + MR_MAX - 1) / MR_MAX;
+    const int base = (int)(rows / nt), extra = (int)(rows % nt);
+    const int npw = np_for(extra ? base + 1 : base);
+    // pack the block's tiles k-major (a 1-row tile is its own packing)
+    const float* xt0 = p.x + b0 * p.ldx + p.xk0;
+    if (!(nt == 1 && rows == 1)) {
+      if ((int64_t)xbuf.size() < rows * kx) xbuf.resize(rows * kx);
+      float* d = xbuf.data();
+      int64_t r = b0;
+      for (int64_t t = 0; t < nt; ++t) {
+        const int mr = base + (t < extra ? 1 : 0);
+        for (int m = 0; m < mr; ++m) {
+          const float* src = p.x + (r + m) * p.ldx + p.xk0;
+          for (int64_t k = 0; k < kx; ++k) d[k * mr + m] = src[k];
+        }
+        d += mr * kx;
+        r += mr;
+      }
+      xt0 = xbuf.data();
+    }
+    for (int64_t g = pn0; g < pn1;) {
+      int np = np_of(extra ? base + 1 : base, (int)std::min<int64_t>(npw, pn1 - g));
+      np = std::min(np, np_of(base, np));
+      int64_t r = b0;
+      const float* xt = xt0;
+      for (int64_t t = 0; t < nt; ++t) {
+        const int mr = base + (t < extra ? 1 : 0);
+        LinKernelFn f = wbf ? lin_pick<true>(mr, np) : lin_pick<false>(mr, np);
+        f(p, xt, r, g);
+        xt += mr * kx;
+        r += mr;
+      }
+      g += np;
+    }
+  }
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------------------
+
+template <bool XBF, bool WBF, bool YBF, bool RES>
+static void norm_rows_t(const NormParams& p, int64_t r0, int64_t r1) {
+  const int64_t H = p.H;
+  for (int64_t row = r0; row < r1; ++row) {
+    const int64_t xo = row * p.ldx;
+    V16 acc = vzero();
+    for (int64_t h = 0; h < H; h += 16) {
+      const int n = H - h >= 16 ? 16 : (int)(H - h);
+      V16 v = ld_n<XBF>(p.x, xo + h, n);
+      if (RES) {
+        v = vadd(v, ld_n<XBF>(p.r, row * p.ldr + h, n));
+        if (XBF) v = vround_bf(v);
+        st_n<XBF>(p.ro, row * p.ldro + h, v, n);
+      }
+      acc = vfma(v, v, acc);
+    }
+    const float ss = hsum(acc);
+    const float rinv = 1.0f / std::sqrt(ss / (float)H + p.eps);
+    const V16 rv = vset1(rinv);
+    const void* src = RES ? (const void*)p.ro : p.x;
+    const int64_t so = RES ? row * p.ldro : xo;
+    for (int64_t h = 0; h < H; h += 16) {
+      const int n = H - h >= 16 ? 16 : (int)(H - h);
+      V16 t = vmul(ld_n<XBF>(src, so + h, n), rv);
+      if (XBF) t = vround_bf(t);
+      V16 o = vmul(ld_n<WBF>(p.w, h, n), t);
+      st_n<YBF>(p.y, row * p.ldy + h, o, n);
+    }
+  }
+}
+
+static void norm_rows(const NormParams& p, int64_t r0, int64_t r1) {
+  const int code = (p.xt << 3) | (p.wt << 2) | (p.yt << 1) | (p.r ? 1 : 0);
+#define BI_NORM_CASE(XB, WB, YB, R) \
+  case (XB << 3) | (WB << 2) | (YB << 1) | R: return norm_rows_t<XB, WB, YB, R>(p, r0, r1);
+  switch (code) {
+    BI_NORM_CASE(0, 0, 0, 0) BI_NORM_CASE(0, 0, 0, 1)
+    BI_NORM_CASE(1, 1, 1, 0) BI_NORM_CASE(1, 1, 1, 1)
+    BI_NORM_CASE(0, 1, 0, 0) BI_NORM_CASE(0, 1, 0, 1)
+    BI_NORM_CASE(1, 0, 0, 0) BI_NORM_CASE(1, 0, 0, 1)
+    default: break;
+  }
+#undef BI_NORM_CASE
+}
+
+// ---- SiLU(gate) * up -----------------------------------------------------------------------------------
+
+template <bool BF>
+static void silu_rows_t(const SiluParams& p, int64_t r0, int64_t r1) {
+  const V16 one = vset1(1.0f);
+  for (int64_t row = r0; row < r1; ++row) {
+    for (int64_t c = 0; c < p.C; c += 16) {
+      const int n = p.C - c >= 16 ? 16 : (int)(p.C - c);
+      V16 g = ld_n<BF>(p.g, row * p.ldg + c, n);
+      V16 u = ld_n<BF>(p.u, row * p.ldu + c, n);
+      V16 s = vdiv(g, vadd(one, vexp(vsub(vzero(), g))));
+      if (BF) s = vround_bf(s);
+      st_n<BF>(p.y, row * p.ldy + c, vmul(s, u), n);
+    }
+  }
+}
+
+static void silu_rows(const SiluParams& p, int64_t r0, int64_t r1) {
+  if (p.t == bi::BF16) silu_rows_t<true>(p, r0, r1); else silu_rows_t<false>(p, r0, r1);
+}
+
+// ---- paged attention: one (row, head) item at a time ---------------------------------------------------
+
+template <int NDV, bool CBF, bool OBF>
+static void attn_one(const AttnParams& p, int64_t item, float* sc) {
+  const int64_t t = item / p.H, h = item % p.H;
+  const int32_t b = p.row_seq[t];
+  const int64_t D = p.D;
+  if (b < 0) return;
+  const int64_t L = p.kv_len[b], ql = p.q_len[b], i = t - p.q_start[b];
+  const int64_t nk = p.causal ? (L - ql + i + 1) : L;
+  const int64_t g = h / (p.H / p.KVH);
+  const int64_t cs = p.KVH * D;
+  const int64_t* slots = p.slots + p.kv_off[b];
+  int dn[NDV];  // lanes of each 16-wide slice of D (0 for slices past D when NDV was rounded up)
+  for (int dv = 0; dv < NDV; ++dv) dn[dv] = (int)std::max<int64_t>(0, std::min<int64_t>(16, D - dv * 16));
+  V16 qv[NDV];
+  for (int dv = 0; dv < NDV; ++dv) qv[dv] = ld_n<false>(p.q, (t * p.H + h) * D + dv * 16, dn[dv]);
+  if (nk <= 0) return;  // no visible key: output stays 0
+  // scores, 16 keys per block
+  const V16 scale = vset1(p.scale);
+  V16 mx = vset1(-INFINITY);
+  (void)mx;
+  for (int64_t j0 = 0; j0 < nk; j0 += 16) {
+    const int nb = nk - j0 >= 16 ? 16 : (int)(nk - j0);
+    V16 a[16];
+    for (int jj = 0; jj < 16; ++jj) {
+      if (jj < nb) {
+        const int64_t ko = slots[j0 + jj] * cs + g * D;
+        V16 s = vzero();
+        for (int dv = 0; dv < NDV; ++dv)
+          s = vfma(qv[dv], ld_n<CBF>(p.kc, ko + dv * 16, dn[dv]), s);
+        a[jj] = s;
+      } else {
+        a[jj] = vzero();
+      }
+    }
+    vstore(sc + j0, vmul(reduce16(a), scale));  // scratch has room for a full last block
+  }
+  // max (exact in any order) over the valid scores
+  {
+    int64_t j0 = 0;
+    for (; j0 + 16 <= nk; j0 += 16) mx = vmax(mx, vload(sc + j0));
+    float m = hmax(mx);
+    for (; j0 < nk; ++j0) m = sc[j0] > m ? sc[j0] : m;
+    mx = vset1(m);
+  }
+  // p_j = exp(s_j - m), lane-wise sums over j = l, l+16, ... ascending, then the fixed tree
+  V16 lsum = vzero();
+  for (int64_t j0 = 0; j0 < nk; j0 += 16) {
+    const int nb = nk - j0 >= 16 ? 16 : (int)(nk - j0);
+    V16 e = vexp(vsub(ld_n<false>(sc, j0, nb), mx));
+    st_n<false>(sc, j0, e, nb);
+    if (nb < 16) e = ld_n<false>(sc, j0, nb);  // zero the lanes past the last key
+    lsum = vadd(lsum, e);
+  }
+  const float l = hsum(lsum);
+  // o = sum_j p_j v_j in key order, then / l
+  V16 o[NDV];
+  for (int dv = 0; dv < NDV; ++dv) o[dv] = vzero();
+  for (int64_t j = 0; j < nk; ++j) {
+    const V16 pj = vset1(sc[j]);
+    const int64_t vo = slots[j] * cs + g * D;
+    for (int dv = 0; dv < NDV; ++dv) o[dv] = vfma(pj, ld_n<CBF>(p.vc, vo + dv * 16, dn[dv]), o[dv]);
+  }
+  const V16 lv = vset1(l);
+  for (int dv = 0; dv < NDV; ++dv)
+    st_n<OBF>(p.out, (t * p.H + h) * D + dv * 16, vdiv(o[dv], lv), dn[dv]);
+}
+
+template <int NDV>
+static void attn_range(const AttnParams& p, int64_t i0, int64_t i1, float* sc) {
+  const int code = (p.ct << 1) | p.ot;
+  for (int64_t it = i0; it < i1; ++it) {
+    switch (code) {
+      case 0: attn_one<NDV, false, false>(p, it, sc); break;
+      case 1: attn_one<NDV, false, true>(p, it, sc); break;
+      case 2: attn_one<NDV, true, false>(p, it, sc); break;
+      default: attn_one<NDV, true, true>(p, it, sc); break;
+    }
+  }
+}
+
+static void attn_items(const AttnParams& p, int64_t i0, int64_t i1, float* sc) {
+  const int64_t ndv = (p.D + 15) / 16;
+  switch (ndv) {
+    case 1: return attn_range<1>(p, i0, i1, sc);
+    case 2: return attn_range<2>(p, i0, i1, sc);
+    case 3: return attn_range<3>(p, i0, i1, sc);
+    case 4: return attn_range<4>(p, i0, i1, sc);
+    case 5: return attn_range<5>(p, i0, i1, sc);
+    case 6: return attn_range<6>(p, i0, i1, sc);
+    case 7: return attn_range<7>(p, i0, i1, sc);
+    case 8: return attn_range<8>(p, i0, i1, sc);
+    case 9: case 10: case 11: case 12: return attn_range<12>(p, i0, i1, sc);
+    case 13: case 14: case 15: case 16: return attn_range<16>(p, i0, i1, sc);
+    case 17: case 18: case 19: case 20: case 21: case 22: case 23: case 24: return attn_range<24>(p, i0, i1, sc);
+    default: return attn_range<32>(p, i0, i1, sc);
+  }
+}
+
+static void selftest_reduce(const float* a, float* out) {
+  V16 v[16];
+  for (int j = 0; j < 16; ++j) v[j] = vload(a + 16 * j);
+  vstore(out, reduce16(v));
+}
+
+static const Kernels kTable = {kIsaName, &linear_tile, &norm_rows, &silu_rows, &attn_items, &selftest_reduce};
+
+#endif  // BI_KERNEL_PASS

@@ -1,0 +1,190 @@
+"""Batch-invariant CPU kernels: the same row gives the same bits whatever batch it is computed in.
+
+Autoregressive decoding runs the target on 1 row per sequence; speculative verification runs K+1 rows per
+sequence with many sequences packed together. With a BLAS, `x[:1] @ W.T` and `(x @ W.T)[:1]` differ in the last
+bits (the blocking depends on M), near-ties flip the argmax and greedy outputs diverge. These kernels compute
+every output element with one fixed sequence of fp32 operations that depends only on that element's inputs:
+
+* linear: y[m, n] = tree over k_splits equal contiguous K chunks of (an FMA chain over k ascending, from +0),
+  tree = ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)), then + bias. A tensor-parallel rank owning an aligned block
+  of chunks computes the matching subtree (`linear_partial`), and `tree_sum` of the ranks' partials in rank
+  order is bitwise the full result.
+* rms_norm: 16-lane FMA sum of squares, fixed horizontal tree, 1/sqrtf(mean + eps), HF casting rules.
+* silu_mul: one formula per element (own exp), masked vector tails.
+* paged_attention: per (query row, head): 16-lane dot products over D with a fixed horizontal tree, max,
+  exp, lane-strided sum with a fixed tree, then sum_j p_j v_j over keys in order, divided by the sum.
+
+The AVX-512, AVX2 and portable paths are bitwise equal (tests check it); the best one runs
+(`DFLASH_BI_ISA=avx512|avx2|scalar` or `set_isa` overrides). Threads (torch.set_num_threads) split output
+tiles only, so the thread count never changes a result.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dflash_trt.plugins.build import load_extension
+
+_SOURCE = "invariant.cpp"
+_ops_loaded = False
+
+
+def load() -> None:
+    """Build (first time, ~1 min) and load the extension; idempotent."""
+    global _ops_loaded
+    if _ops_loaded:
+        return
+    load_extension("dflash_bi", [_SOURCE])
+    _register_fakes()
+    _ops_loaded = True
+
+
+def _ops():
+    if not _ops_loaded:
+        load()
+    return torch.ops.dflash_trt
+
+
+def _register_fakes() -> None:
+    lib = "dflash_trt::"
+
+    def reg(name, fn):
+        try:
+            torch.library.register_fake(lib + name)(fn)
+        except RuntimeError as e:  # already registered (module reloaded)
+            if "already" not in str(e):
+                raise
+
+    reg("bi_linear", lambda x, packed, n, bias=None, k_splits=1: x.new_empty((x.shape[0], n)))
+    reg("bi_linear_partial", lambda x, packed, n, chunk_begin, chunk_end, k_splits:
+        x.new_empty((x.shape[0], n), dtype=torch.float32))
+    reg("bi_rms_norm", lambda x, weight, eps: x.new_empty(
+        x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)))
+    reg("bi_add_rms_norm", lambda x, residual, weight, eps: (
+        x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)), x.new_empty(x.shape)))
+    reg("bi_silu_mul", lambda gate, up: gate.new_empty(gate.shape))
+    reg("bi_paged_attention", lambda q, k_cache, v_cache, q_start, q_len, kv_len, kv_slots, kv_offsets, scale,
+        causal=True: q.new_empty(q.shape))
+
+
+def set_isa(name: str = "") -> str:
+    """Force a code path ('avx512', 'avx2', 'scalar', 'auto'); '' only reports the active one."""
+    return _ops().bi_set_isa(name)
+
+
+# ---- linear -------------------------------------------------------------------------------------------------
+
+PANEL = 32
+# bf16 panels hold 16 u32 per k: the high half is column j, the low half column j + 16 (so one AND and one
+# shift widen 32 columns to fp32); in bf16 element order that is 16, 0, 17, 1, ..., 31, 15.
+_BF16_ORDER = torch.tensor([c for j in range(16) for c in (j + 16, j)])
+
+
+@dataclass(frozen=True)
+class PackedLinear:
+    """A weight [N, K] as K-major panels of 32 output columns: data [ceil(N/32), K, 32] (N padded with 0)."""
+    data: torch.Tensor
+    n: int
+    k: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> PackedLinear:
+    """Pack once at load. dtype: torch.float32 or torch.bfloat16 (default: the weight's own if one of those,
+    else float32). bf16 halves memory traffic; accumulation is fp32 either way."""
+    assert weight.dim() == 2, "weight must be [N, K]"
+    if dtype is None:
+        dtype = weight.dtype if weight.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    assert dtype in (torch.float32, torch.bfloat16), dtype
+    n, k = weight.shape
+    p = (n + PANEL - 1) // PANEL
+    w = weight.detach().to(device="cpu", dtype=dtype)
+    if p * PANEL != n:
+        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
+    w = w.view(p, PANEL, k)
+    if dtype == torch.bfloat16:
+        w = w[:, _BF16_ORDER, :]
+    data = w.permute(0, 2, 1).contiguous()
+    return PackedLinear(data, n, k)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+def linear(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None = None,
+           k_splits: int = 1) -> torch.Tensor:
+    """y = x @ W.T + bias, x [..., K] float32 or bfloat16 (output in x's dtype)."""
+    y = _ops().bi_linear(_rows(x), packed.data, packed.n, bias, k_splits)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.n)
+
+
+def linear_partial(x: torch.Tensor, packed: PackedLinear, chunk_begin: int, chunk_end: int,
+                   k_splits: int) -> torch.Tensor:
+    """fp32 tree-sum of chunks [chunk_begin, chunk_end) of the k_splits chunks of K (a power-of-two count
+    aligned to its size), no bias. x holds either all K columns or exactly those chunks' columns.
+
+    Tensor parallel: rank r of tp (K sliced) may equally pack its own weight slice and call
+    linear_partial(x_slice, packed_slice, 0, k_splits // tp, k_splits // tp)."""
+    y = _ops().bi_linear_partial(_rows(x), packed.data, packed.n, chunk_begin, chunk_end, k_splits)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.n)
+
+
+def tree_sum(partials: list[torch.Tensor], bias: torch.Tensor | None = None,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Combine fp32 partials of consecutive aligned chunk blocks (in chunk order, power-of-two count) with the
+    same pairwise tree as linear, add bias, cast: bitwise equal to linear(x, packed, bias, k_splits)."""
+    ps = list(partials)
+    assert ps and (len(ps) & (len(ps) - 1)) == 0, "tree_sum needs a power-of-two number of partials"
+    while len(ps) > 1:
+        ps = [ps[i] + ps[i + 1] for i in range(0, len(ps), 2)]
+    y = ps[0]
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+# ---- elementwise / norm ---------------------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF RMSNorm: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(x.dtype)."""
+    return _ops().bi_rms_norm(x, weight, float(eps))
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual) in one pass; the sum is rounded to x.dtype first."""
+    return _ops().bi_add_rms_norm(x, residual, weight, float(eps))
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up; gate/up may be strided views (e.g. halves of a fused gate_up output)."""
+    return _ops().bi_silu_mul(gate, up)
+
+
+# ---- attention -------------------------------------------------------------------------------------------------
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start: torch.Tensor,
+                    q_len: torch.Tensor, kv_len: torch.Tensor, kv_slots: torch.Tensor, kv_offsets: torch.Tensor,
+                    scale: float, causal: bool = True) -> torch.Tensor:
+    """q [T, H, D]; caches [S, KVH, D] (or [blocks, block_size, KVH, D]); per sequence b: rows
+    q_start[b] .. +q_len[b] at positions kv_len[b]-q_len[b] .. kv_len[b]-1, their keys at cache rows
+    kv_slots[kv_offsets[b] + j], j < kv_len[b]. Causal: row i sees keys 0..kv_len-q_len+i; else all kv_len.
+    GQA: head h reads kv head h // (H // KVH). Output in q's dtype; rows of no sequence are 0."""
+    return _ops().bi_paged_attention(q, k_cache, v_cache, q_start, q_len, kv_len, kv_slots, kv_offsets,
+                                     float(scale), bool(causal))
+
+
+__all__ = ["PackedLinear", "pack_linear", "linear", "linear_partial", "tree_sum", "rms_norm", "add_rms_norm",
+           "silu_mul", "paged_attention", "set_isa", "load"]
+
+if os.environ.get("DFLASH_BI_EAGER_LOAD"):
+    load()

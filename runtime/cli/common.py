@@ -1,0 +1,49 @@
+"""Shared CLI plumbing: user errors become one line on stderr and exit code 2, never a traceback."""
+from __future__ import annotations
+
+import functools
+import sys
+
+from ..errors import DFlashError
+
+
+def user_errors(main):
+    @functools.wraps(main)
+    def wrapped(argv=None):
+        try:
+            return main(argv)
+        except DFlashError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+    return wrapped
+
+
+def add_engine_args(p, default_max_tokens: int = 256) -> None:
+    p.add_argument("model", nargs="?", help="engine directory from dflash-build, or a target checkpoint "
+                   "directory (default: the embedded SmolLM2-135M pair)")
+    p.add_argument("--target", help="Hugging Face target checkpoint directory")
+    p.add_argument("--draft", help="DFlash drafter directory (z-lab format)")
+    p.add_argument("--max-draft-len", type=int, help="draft tokens per step (<= block_size - 1)")
+    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--max-num-tokens", type=int, default=2048)
+    p.add_argument("--max-seq-len", type=int, default=4096)
+
+
+def engine_kwargs(args) -> dict:
+    kw = dict(dtype=args.dtype, device=args.device, max_batch_size=args.max_batch_size,
+              max_num_tokens=args.max_num_tokens, max_seq_len=args.max_seq_len)
+    if args.max_draft_len is not None:
+        kw["max_draft_len"] = args.max_draft_len
+    return kw
+
+
+def make_llm(args, **extra):
+    from ..llm import LLM
+
+    return LLM(args.model, target=args.target, draft=args.draft, speculative=not args.no_spec,
+               **engine_kwargs(args), **extra)
