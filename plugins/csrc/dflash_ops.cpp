@@ -262,7 +262,6 @@ inline void store_from_float(void* p, at::ScalarType t, int64_t i, float x) {
 void context_append_cpu(const Tensor& k, const Tensor& v, const Tensor& k_norm_weight, const Tensor& cos,
                         const Tensor& sin, const Tensor& slots, Tensor& k_cache, Tensor& v_cache, double eps) {
   check_context_append(k, v, k_norm_weight, cos, sin, slots, k_cache, v_cache);
-  TORCH_CHECK(cos.scalar_type() == sin.scalar_type(), "cos and sin must have one dtype");
   const Tensor kc = k.contiguous(), vc = v.contiguous(), w = k_norm_weight.contiguous();
   const Tensor cs = cos.contiguous(), sn = sin.contiguous(), sl = as_long(slots);
   const int64_t t_n = kc.size(0), kvh = kc.size(1), d = kc.size(2), half = d / 2;

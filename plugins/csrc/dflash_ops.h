@@ -71,6 +71,7 @@ inline void check_context_append(const at::Tensor& k, const at::Tensor& v, const
   TORCH_CHECK(w.dim() == 1 && w.size(0) == d, "k_norm_weight must be [D] = [", d, "], got ", w.sizes());
   TORCH_CHECK(cos.dim() == 2 && cos.size(0) == t && cos.size(1) == d, "cos must be [T, D], got ", cos.sizes());
   TORCH_CHECK(sin.sizes() == cos.sizes(), "sin must have cos's shape, got ", sin.sizes());
+  TORCH_CHECK(sin.scalar_type() == cos.scalar_type(), "cos and sin must have one dtype");
   check_index_vector(slots, "slots", t);
   for (const at::Tensor* c : {&k_cache, &v_cache}) {
     TORCH_CHECK(c->dim() == 4 && c->size(2) == kvh && c->size(3) == d,

@@ -88,7 +88,8 @@ struct AttnParams {
   const int64_t* q_len;
   const int64_t* kv_len;
   const int64_t* kv_off;
-  const int32_t* row_seq;
+  const int32_t* items;  // 4 per item: sequence, head, first row, end row (rows local to the sequence)
+  int64_t max_kv;
   float scale;
   bool causal;
   void* out;           // [T, H, D]
@@ -443,14 +444,12 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   const int64_t* kop = ko.data_ptr<int64_t>();
   const int64_t nslots = sl.numel();
   const int64_t S = k_cache.numel() / (KVH * D);
-  std::vector<int32_t> row_seq(T, -1);
   int64_t max_kv = 0;
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(qlp[b] >= 0 && klp[b] >= qlp[b] && qsp[b] >= 0 && qsp[b] + qlp[b] <= T && kop[b] >= 0 &&
                     kop[b] + klp[b] <= nslots,
                 "bi_paged_attention: bad sequence ", b, " (q_start ", qsp[b], ", q_len ", qlp[b], ", kv_len ",
                 klp[b], ", kv_offset ", kop[b], ")");
-    for (int64_t i = 0; i < qlp[b]; ++i) row_seq[qsp[b] + i] = (int32_t)b;
     max_kv = std::max(max_kv, klp[b]);
   }
   {
@@ -458,6 +457,17 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
     for (int64_t i = 0; i < nslots; ++i)
       TORCH_CHECK(s[i] >= 0 && s[i] < S, "bi_paged_attention: kv slot ", s[i], " out of range [0, ", S, ")");
   }
+  // items: (sequence, head, block of <= 16 rows); a sequence's items are adjacent, blocks outer, heads inner
+  constexpr int64_t RB = 16;
+  std::vector<int32_t> items;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r0 = 0; r0 < qlp[b]; r0 += RB)
+      for (int64_t h = 0; h < H; ++h) {
+        items.push_back((int32_t)b);
+        items.push_back((int32_t)h);
+        items.push_back((int32_t)r0);
+        items.push_back((int32_t)std::min(qlp[b], r0 + RB));
+      }
   at::Tensor out = at::zeros({T, H, D}, q.options());
   AttnParams p{};
   p.q = qf.data_ptr<float>();
@@ -465,30 +475,27 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   p.kc = k_cache.data_ptr(); p.vc = v_cache.data_ptr(); p.ct = ct;
   p.slots = sl.data_ptr<int64_t>();
   p.q_start = qsp; p.q_len = qlp; p.kv_len = klp; p.kv_off = kop;
-  p.row_seq = row_seq.data();
+  p.items = items.data();
+  p.max_kv = max_kv;
   p.scale = (float)scale;
   p.causal = causal;
   p.out = out.data_ptr(); p.ot = ot;
-  const int64_t items = T * H;
-  if (items == 0) return out;
+  const int64_t n_items = (int64_t)items.size() / 4;
+  if (n_items == 0) return out;
   const Kernels& k = K();
-  const int64_t scr = ((max_kv + 15) / 16) * 16 + 16;
+  const int64_t scr = RB * (((std::max<int64_t>(max_kv, 1) + 15) / 16) * 16 + 16);
   int Tn = nthreads();
-  if (items < 2 || double(T) * double(max_kv) * double(H * D) < 2.0e5) Tn = 1;
-  Tn = (int)std::min<int64_t>(Tn, items);
+  if (n_items < 2 || double(T) * double(max_kv) * double(H * D) < 2.0e5) Tn = 1;
+  Tn = (int)std::min<int64_t>(Tn, n_items);
   std::vector<float> scratch((size_t)scr * Tn);
   if (Tn == 1) {
-    k.attn_items(p, 0, items, scratch.data());
+    k.attn_items(p, 0, n_items, scratch.data());
   } else {
-    // dynamic chunks of consecutive (row, head) items: causal rows differ in cost
-    const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(H, items / (Tn * 8)));
 #pragma omp parallel num_threads(Tn)
     {
       float* s = scratch.data() + (size_t)scr * omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t c = 0; c < (items + chunk - 1) / chunk; ++c) {
-        k.attn_items(p, c * chunk, std::min(items, (c + 1) * chunk), s);
-      }
+      for (int64_t c = 0; c < n_items; ++c) k.attn_items(p, c, c + 1, s);
     }
   }
   return out;
@@ -1052,84 +1059,139 @@ static void silu_rows(const SiluParams& p, int64_t r0, int64_t r1) {
   if (p.t == bi::BF16) silu_rows_t<true>(p, r0, r1); else silu_rows_t<false>(p, r0, r1);
 }
 
-// ---- paged attention: one (row, head) item at a time ---------------------------------------------------
+// ---- paged attention: one (sequence, head, block of <= 16 query rows) item at a time ----------------------
+
+enum { ATT_RB = 16 };  // query rows per item
+
+// PV for QB queries: o_q = sum_{j < nk_q} p_qj v_j, j ascending, / l_q
+template <int NDV, int QB, bool CBF, bool OBF>
+static void att_pv(const AttnParams& p, const int* dn, const int64_t* voff, int nq, const int64_t* nk,
+                   float* const* sc, const float* l, const int64_t* orow) {
+  V16 o[QB][NDV];
+  for (int q = 0; q < QB; ++q)
+    for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vzero();
+  int64_t jmin = nk[0], jmax = nk[0];
+  for (int q = 1; q < nq; ++q) { jmin = std::min(jmin, nk[q]); jmax = std::max(jmax, nk[q]); }
+  if (nq == QB) {
+    for (int64_t j = 0; j < jmin; ++j) {
+      V16 v[NDV];
+      for (int dv = 0; dv < NDV; ++dv) v[dv] = ld_n<CBF>(p.vc, voff[j] + dv * 16, dn[dv]);
+      for (int q = 0; q < QB; ++q) {
+        const V16 pj = vset1(sc[q][j]);
+        for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vfma(pj, v[dv], o[q][dv]);
+      }
+    }
+  } else {
+    jmin = 0;
+  }
+  for (int64_t j = jmin; j < jmax; ++j) {
+    V16 v[NDV];
+    for (int dv = 0; dv < NDV; ++dv) v[dv] = ld_n<CBF>(p.vc, voff[j] + dv * 16, dn[dv]);
+    for (int q = 0; q < QB; ++q) {
+      if (q < nq && j < nk[q]) {
+        const V16 pj = vset1(sc[q][j]);
+        for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vfma(pj, v[dv], o[q][dv]);
+      }
+    }
+  }
+  for (int q = 0; q < nq; ++q) {
+    if (nk[q] <= 0) continue;
+    const V16 lv = vset1(l[q]);
+    for (int dv = 0; dv < NDV; ++dv) st_n<OBF>(p.out, orow[q] + dv * 16, vdiv(o[q][dv], lv), dn[dv]);
+  }
+}
 
 template <int NDV, bool CBF, bool OBF>
-static void attn_one(const AttnParams& p, int64_t item, float* sc) {
-  const int64_t t = item / p.H, h = item % p.H;
-  const int32_t b = p.row_seq[t];
+static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, int64_t sc_stride) {
+  const int64_t b = it[0], h = it[1], r0 = it[2], r1 = it[3];
   const int64_t D = p.D;
-  if (b < 0) return;
-  const int64_t L = p.kv_len[b], ql = p.q_len[b], i = t - p.q_start[b];
-  const int64_t nk = p.causal ? (L - ql + i + 1) : L;
+  const int64_t L = p.kv_len[b], ql = p.q_len[b];
   const int64_t g = h / (p.H / p.KVH);
   const int64_t cs = p.KVH * D;
   const int64_t* slots = p.slots + p.kv_off[b];
+  const int nq = (int)(r1 - r0);
   int dn[NDV];  // lanes of each 16-wide slice of D (0 for slices past D when NDV was rounded up)
   for (int dv = 0; dv < NDV; ++dv) dn[dv] = (int)std::max<int64_t>(0, std::min<int64_t>(16, D - dv * 16));
-  V16 qv[NDV];
-  for (int dv = 0; dv < NDV; ++dv) qv[dv] = ld_n<false>(p.q, (t * p.H + h) * D + dv * 16, dn[dv]);
-  if (nk <= 0) return;  // no visible key: output stays 0
-  // scores, 16 keys per block
+  int64_t nk[ATT_RB], qoff[ATT_RB];
+  float* sc[ATT_RB];
+  float lsum[ATT_RB];
+  int64_t nk_max = 0;
+  for (int q = 0; q < nq; ++q) {
+    const int64_t i = r0 + q;
+    nk[q] = p.causal ? (L - ql + i + 1) : L;
+    qoff[q] = ((p.q_start[b] + i) * p.H + h) * D;
+    sc[q] = scratch + q * sc_stride;
+    nk_max = std::max(nk_max, nk[q]);
+  }
+  // scores: per block of 16 keys, every query of the item (the block's keys stay in L1)
   const V16 scale = vset1(p.scale);
-  V16 mx = vset1(-INFINITY);
-  (void)mx;
-  for (int64_t j0 = 0; j0 < nk; j0 += 16) {
-    const int nb = nk - j0 >= 16 ? 16 : (int)(nk - j0);
-    V16 a[16];
-    for (int jj = 0; jj < 16; ++jj) {
-      if (jj < nb) {
-        const int64_t ko = slots[j0 + jj] * cs + g * D;
-        V16 s = vzero();
-        for (int dv = 0; dv < NDV; ++dv)
-          s = vfma(qv[dv], ld_n<CBF>(p.kc, ko + dv * 16, dn[dv]), s);
-        a[jj] = s;
-      } else {
-        a[jj] = vzero();
+  int64_t koff[16];
+  for (int64_t j0 = 0; j0 < nk_max; j0 += 16) {
+    const int nb = (int)std::min<int64_t>(16, nk_max - j0);
+    for (int jj = 0; jj < nb; ++jj) koff[jj] = slots[j0 + jj] * cs + g * D;
+    for (int q = 0; q < nq; ++q) {
+      if (j0 >= nk[q]) continue;
+      const int n = (int)std::min<int64_t>(16, nk[q] - j0);
+      V16 qv[NDV];
+      for (int dv = 0; dv < NDV; ++dv) qv[dv] = ld_n<false>(p.q, qoff[q] + dv * 16, dn[dv]);
+      V16 a[16];
+      for (int jj = 0; jj < 16; ++jj) {
+        if (jj < n) {
+          V16 s = vzero();
+          for (int dv = 0; dv < NDV; ++dv) s = vfma(qv[dv], ld_n<CBF>(p.kc, koff[jj] + dv * 16, dn[dv]), s);
+          a[jj] = s;
+        } else {
+          a[jj] = vzero();
+        }
       }
+      vstore(sc[q] + j0, vmul(reduce16(a), scale));  // scratch rows have room for a full last block
     }
-    vstore(sc + j0, vmul(reduce16(a), scale));  // scratch has room for a full last block
   }
-  // max (exact in any order) over the valid scores
-  {
+  // softmax numerators and their sums, per query
+  for (int q = 0; q < nq; ++q) {
+    const int64_t n = nk[q];
+    float* s = sc[q];
+    if (n <= 0) { lsum[q] = 0.0f; continue; }
     int64_t j0 = 0;
-    for (; j0 + 16 <= nk; j0 += 16) mx = vmax(mx, vload(sc + j0));
+    V16 mx = vset1(-INFINITY);
+    for (; j0 + 16 <= n; j0 += 16) mx = vmax(mx, vload(s + j0));
     float m = hmax(mx);
-    for (; j0 < nk; ++j0) m = sc[j0] > m ? sc[j0] : m;
-    mx = vset1(m);
+    for (; j0 < n; ++j0) m = s[j0] > m ? s[j0] : m;  // max is exact whatever the order
+    const V16 mv = vset1(m);
+    V16 acc = vzero();
+    for (j0 = 0; j0 < n; j0 += 16) {
+      const int nb = (int)std::min<int64_t>(16, n - j0);
+      V16 e = vexp(vsub(ld_n<false>(s, j0, nb), mv));
+      st_n<false>(s, j0, e, nb);
+      if (nb < 16) e = ld_n<false>(s, j0, nb);  // zero the lanes past the last key
+      acc = vadd(acc, e);
+    }
+    lsum[q] = hsum(acc);
   }
-  // p_j = exp(s_j - m), lane-wise sums over j = l, l+16, ... ascending, then the fixed tree
-  V16 lsum = vzero();
-  for (int64_t j0 = 0; j0 < nk; j0 += 16) {
-    const int nb = nk - j0 >= 16 ? 16 : (int)(nk - j0);
-    V16 e = vexp(vsub(ld_n<false>(sc, j0, nb), mx));
-    st_n<false>(sc, j0, e, nb);
-    if (nb < 16) e = ld_n<false>(sc, j0, nb);  // zero the lanes past the last key
-    lsum = vadd(lsum, e);
+  // PV, QB queries at a time (their accumulators stay in registers)
+  constexpr int QB = NDV <= 3 ? 8 : (NDV == 4 ? 6 : (NDV <= 6 ? 4 : (NDV <= 8 ? 3 : (NDV <= 12 ? 2 : 1))));
+  thread_local std::vector<int64_t> voff;
+  if ((int64_t)voff.size() < nk_max) voff.resize(nk_max);
+  for (int64_t j = 0; j < nk_max; ++j) voff[j] = slots[j] * cs + g * D;
+  for (int q0 = 0; q0 < nq; q0 += QB) {
+    const int n = std::min(QB, nq - q0);
+    int64_t orow[QB];
+    for (int q = 0; q < n; ++q) orow[q] = qoff[q0 + q];
+    att_pv<NDV, QB, CBF, OBF>(p, dn, voff.data(), n, nk + q0, sc + q0, lsum + q0, orow);
   }
-  const float l = hsum(lsum);
-  // o = sum_j p_j v_j in key order, then / l
-  V16 o[NDV];
-  for (int dv = 0; dv < NDV; ++dv) o[dv] = vzero();
-  for (int64_t j = 0; j < nk; ++j) {
-    const V16 pj = vset1(sc[j]);
-    const int64_t vo = slots[j] * cs + g * D;
-    for (int dv = 0; dv < NDV; ++dv) o[dv] = vfma(pj, ld_n<CBF>(p.vc, vo + dv * 16, dn[dv]), o[dv]);
-  }
-  const V16 lv = vset1(l);
-  for (int dv = 0; dv < NDV; ++dv)
-    st_n<OBF>(p.out, (t * p.H + h) * D + dv * 16, vdiv(o[dv], lv), dn[dv]);
 }
 
 template <int NDV>
 static void attn_range(const AttnParams& p, int64_t i0, int64_t i1, float* sc) {
   const int code = (p.ct << 1) | p.ot;
+  const int64_t stride = ((std::max<int64_t>(p.max_kv, 1) + 15) / 16) * 16 + 16;
   for (int64_t it = i0; it < i1; ++it) {
+    const int32_t* item = p.items + 4 * it;
     switch (code) {
-      case 0: attn_one<NDV, false, false>(p, it, sc); break;
-      case 1: attn_one<NDV, false, true>(p, it, sc); break;
-      case 2: attn_one<NDV, true, false>(p, it, sc); break;
-      default: attn_one<NDV, true, true>(p, it, sc); break;
+      case 0: attn_item<NDV, false, false>(p, item, sc, stride); break;
+      case 1: attn_item<NDV, false, true>(p, item, sc, stride); break;
+      case 2: attn_item<NDV, true, false>(p, item, sc, stride); break;
+      default: attn_item<NDV, true, true>(p, item, sc, stride); break;
     }
   }
 }

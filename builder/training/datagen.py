@@ -1,0 +1,61 @@
+"""Self-distillation data: the target answers our prompts through OUR batching runtime (greedy, chat template).
+
+Resumable: records already in the output file are skipped, so an interrupted run loses at most one batch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .prompts import make_prompts
+
+
+def done_ids(path: str) -> set[int]:
+    ids = set()
+    if os.path.isfile(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line from an interrupted write
+                if "id" in rec:
+                    ids.add(rec["id"])
+    return ids
+
+
+def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, max_tokens: int = 256,
+                  batch: int = 32, log=print) -> None:
+    from ...llm import LLM
+    from ...sampling import SamplingParams
+
+    prompts = make_prompts(num_prompts, seed)
+    have = done_ids(out_path)
+    todo = [p for p in prompts if p["id"] not in have]
+    log(f"{len(have)} records present, {len(todo)} to generate -> {out_path}")
+    if not todo:
+        return
+    llm = LLM(target=target, speculative=False, max_batch_size=batch, max_num_tokens=4096,
+              max_seq_len=1024)
+    meta_path = out_path + ".meta.json"
+    if not os.path.isfile(meta_path):
+        with open(meta_path, "w") as f:
+            json.dump({"made_by": "dflash-train --make-data", "target": os.path.abspath(target),
+                       "num_prompts": num_prompts, "seed": seed, "max_tokens": max_tokens,
+                       "decoding": "greedy, chat template, dflash_trt batching runtime (autoregressive)",
+                       "prompts": "dflash_trt.builder.training.prompts.make_prompts (stdlib docstrings, "
+                                  "templated tasks, maths, explanations; no evaluation set)"}, f, indent=1)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    t0, tokens = time.time(), 0
+    with open(out_path, "a") as f:
+        for i in range(0, len(todo), batch * 2):
+            group = todo[i:i + batch * 2]
+            outs = llm.generate([p["prompt"] for p in group], sp, chat=True)
+            for p, o in zip(group, outs):
+                rec = dict(p, prompt_ids=o.prompt_token_ids, output_ids=o.token_ids, finish_reason=o.finish_reason)
+                f.write(json.dumps(rec) + "\n")
+                tokens += len(o.token_ids)
+            f.flush()
+            log(f"{len(have) + i + len(group)}/{num_prompts} prompts, {tokens} new tokens, "
+                f"{tokens / (time.time() - t0):.0f} tokens/s")

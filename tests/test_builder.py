@@ -1,0 +1,492 @@
+"""dflash-build: the engine directory contract (trtllm.md), quantized tensors, YAML/scripts, --check, bad inputs."""
+import concurrent.futures
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import tiny
+from dflash_trt.builder.cli import main as build_main
+from dflash_trt.quantized import dequantize_fp8, dequantize_nvfp4
+
+CLI = [sys.executable, "-m", "dflash_trt.builder.cli"]
+LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn|mlp)\.(q|k|v|o|gate|up|down)_proj\.weight$")
+TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def tensors(d: str) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(glob.glob(os.path.join(d, "*.safetensors"))):
+        with safe_open(f, "pt") as h:
+            out |= {k: h.get_tensor(k) for k in h.keys()}
+    return out
+
+
+def edit_json(path: str, **changes) -> None:
+    with open(path) as f:
+        cfg = json.load(f)
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+
+
+def ensure_tokenizer(path: str) -> None:
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    table = {t: i for i, t in enumerate(["<pad>", "<s>", "</s>", "<mask>"] + [chr(c) for c in range(32, 127)])}
+    tk = Tokenizer(models.WordLevel(table, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>").save_pretrained(path)
+
+
+def drop_tokenizer(path: str) -> None:
+    for name in TOKENIZER:
+        if os.path.exists(os.path.join(path, name)):
+            os.remove(os.path.join(path, name))
+
+
+def leftovers(parent: str) -> list[str]:
+    return [n for n in os.listdir(parent) if ".dflash-tmp-" in n or ".dflash-old-" in n]
+
+
+# -- fixtures: two pairs, three engines ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pairs")
+    t_llama = tiny.make_target(str(root / "t_llama"), "llama")
+    ensure_tokenizer(t_llama)
+    d_llama = tiny.make_drafter(str(root / "d_llama"), t_llama, block_size=8)
+    t_qwen = tiny.make_target(str(root / "t_qwen"), "qwen3", head_dim=32)
+    drop_tokenizer(t_qwen)  # calibration falls back on byte ids
+    edit_json(os.path.join(t_qwen, "config.json"), architectures=None)  # ModelOpt export quirk: builder sets it
+    d_qwen = tiny.make_drafter(str(root / "d_qwen"), t_qwen, block_size=6)
+    calib = root / "calib.jsonl"
+    calib.write_text("\n".join(json.dumps(r) for r in [
+        {"text": "def add(a, b):\n    return a + b"}, {"prompt": "Explain how tides work."},
+        {"text": "The quick brown fox jumps over the lazy dog."}, {"prompt": "SELECT * FROM t WHERE x > 3;"}]) + "\n")
+    return {"root": str(root), "llama": (t_llama, d_llama), "qwen": (t_qwen, d_qwen), "calib": str(calib)}
+
+
+@pytest.fixture(scope="module")
+def built(pairs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("engines")
+    t, d = pairs["llama"]
+    tq, dq = pairs["qwen"]
+    runs = {
+        "bf16": ["--target", t, "--draft", d, "--tp-size", "2", "--max-draft-len", "5", "--max-seq-len", "1024",
+                 "--max-batch-size", "4"],
+        "fp8": ["--target", t, "--draft", d, "--quantization", "fp8", "--kv-cache-dtype", "fp8",
+                "--calib-data", pairs["calib"]],
+        "nvfp4": ["--target", tq, "--draft", dq, "--quantization", "nvfp4", "--calib-samples", "8"],
+    }
+    out = {}
+    for name, argv in runs.items():
+        out[name] = str(root / name)
+        assert build_main([*argv, "--output", out[name], "--quiet"]) == 0
+    return out
+
+
+def record(engine: str) -> dict:
+    with open(os.path.join(engine, "engine.json")) as f:
+        return json.load(f)
+
+
+# -- tensors: names, dtypes, shapes of trtllm.md ------------------------------------------------------------------
+def test_bf16_target_is_a_bf16_copy(pairs, built):
+    src, out = tensors(pairs["llama"][0]), tensors(os.path.join(built["bf16"], "target"))
+    assert set(out) == set(src)
+    for n, t in src.items():
+        assert out[n].dtype == torch.bfloat16 and out[n].shape == t.shape
+        assert torch.equal(out[n], t.to(torch.bfloat16))
+    assert not os.path.exists(os.path.join(built["bf16"], "target", "hf_quant_config.json"))
+    with open(os.path.join(built["bf16"], "target", "config.json")) as f:
+        cfg = json.load(f)
+    assert cfg["dtype"] == "bfloat16" and "quantization_config" not in cfg
+    assert os.path.isfile(os.path.join(built["bf16"], "target", "tokenizer.json"))  # tokenizer files copied
+
+
+def test_fp8_target_contract(pairs, built):
+    from modelopt.torch.quantization.qtensor import FP8QTensor
+
+    src, out = tensors(pairs["llama"][0]), tensors(os.path.join(built["fp8"], "target"))
+    linears = [n for n in src if LINEAR.match(n)]
+    assert len(linears) == 4 * 7
+    expected = set(src) | {n[: -len("weight")] + s for n in linears for s in ("weight_scale", "input_scale")}
+    expected |= {n.replace("weight", "k_scale") for n in linears if ".k_proj." in n}
+    expected |= {n.replace("weight", "v_scale") for n in linears if ".v_proj." in n}
+    assert set(out) == expected
+    for n, orig in src.items():
+        o = orig.to(torch.bfloat16).float()  # the builder calibrates the bf16 model
+        if n not in linears:  # embeddings, lm_head, norms: excluded from quantization
+            assert out[n].dtype == torch.bfloat16 and torch.equal(out[n].float(), o), n
+            continue
+        base = n[: -len("weight")]
+        w, s, a = out[n], out[base + "weight_scale"], out[base + "input_scale"]
+        assert w.dtype == torch.float8_e4m3fn and w.shape == orig.shape
+        assert s.dtype == torch.float32 and s.shape == () and a.dtype == torch.float32 and a.shape == ()
+        assert torch.isclose(s, o.abs().max() / 448, rtol=1e-6)  # weight_scale = amax / 448
+        deq = dequantize_fp8(w, s)
+        ref = FP8QTensor.quantize(o, scales=s)[0].dequantize(dtype=torch.float32, scale=s)
+        assert torch.equal(deq, ref), n
+        bound = torch.maximum(o.abs() * 2 ** -4, s * 2 ** -10) * 1.001 + 1e-12  # e4m3 half-ulp, subnormals
+        assert ((deq - o).abs() <= bound).all(), n
+    for i in range(4):
+        p = f"model.layers.{i}."
+        assert out[p + "self_attn.k_proj.k_scale"].dtype == torch.float32 and out[p + "self_attn.k_proj.k_scale"].shape == ()
+        qkv = [out[p + f"self_attn.{x}_proj.input_scale"] for x in "qkv"]
+        assert torch.equal(qkv[0], qkv[1]) and torch.equal(qkv[0], qkv[2])  # q/k/v share one input_scale
+        assert torch.equal(out[p + "mlp.gate_proj.input_scale"], out[p + "mlp.up_proj.input_scale"])
+
+
+def test_nvfp4_target_contract(pairs, built):
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    src, out = tensors(pairs["qwen"][0]), tensors(os.path.join(built["nvfp4"], "target"))
+    linears = [n for n in src if LINEAR.match(n)]
+    expected = set(src) | {n[: -len("weight")] + s for n in linears
+                           for s in ("weight_scale", "weight_scale_2", "input_scale")}
+    assert set(out) == expected  # no k_scale / v_scale: KV cache stays in the model dtype
+    groups = {}
+    for n, orig in src.items():
+        o = orig.to(torch.bfloat16).float()
+        if n not in linears:
+            assert out[n].dtype == torch.bfloat16 and torch.equal(out[n].float(), o), n
+            continue
+        base = n[: -len("weight")]
+        w, s, s2, a = (out[base + k] for k in ("weight", "weight_scale", "weight_scale_2", "input_scale"))
+        rows, k = orig.shape
+        assert w.dtype == torch.uint8 and list(w.shape) == [rows, k // 2]
+        assert s.dtype == torch.float8_e4m3fn and list(s.shape) == [rows, k // 16]
+        assert s2.dtype == torch.float32 and s2.shape == () and a.dtype == torch.float32 and a.shape == ()
+        deq = dequantize_nvfp4(w, s, s2)
+        # ModelOpt's own NVFP4 on the same original weight and global scale gives the same bits and values
+        qt, s_ref, _ = NVFP4QTensor.quantize(o.clone(), 16, weights_scaling_factor_2=s2)
+        assert torch.equal(w, qt._quantized_data) and torch.equal(s.float(), s_ref.float()), n
+        assert torch.equal(deq, qt.dequantize(dtype=torch.float32, scale=s, double_scale=s2, block_sizes={-1: 16}))
+        block_amax = o.view(rows, -1, 16).abs().amax(-1, keepdim=True)
+        err = (deq - o).view(rows, -1, 16).abs()
+        assert (err <= block_amax / 6 * (1 + 2 ** -4) + 1e-9).all(), n  # half the widest e2m1 step (4 -> 6)
+        group = base.rsplit(".", 2)[0] + (".qkv" if re.search(r"\.[qkv]_proj\.$", base) else
+                                          ".gate_up" if re.search(r"\.(gate|up)_proj\.$", base) else base)
+        groups.setdefault(group, []).append((o.abs().max(), s2, a))
+    for g, members in groups.items():  # q/k/v and gate/up share input_scale and weight_scale_2 = amax/(448*6)
+        amax = max(m[0] for m in members)
+        for _, s2, a in members:
+            assert torch.isclose(s2, amax / (448 * 6), rtol=1e-6), g
+            assert torch.equal(a, members[0][2]), g
+
+
+@pytest.mark.parametrize("engine,pair", [("bf16", "llama"), ("fp8", "llama"), ("nvfp4", "qwen")])
+def test_drafter_copied_in_bf16(pairs, built, engine, pair):
+    d = pairs[pair][1]
+    src, out = tensors(d), tensors(os.path.join(built[engine], "draft"))
+    assert set(out) == set(src)  # z-lab names, no model. prefix, nothing quantized
+    for n, t in src.items():
+        assert out[n].dtype == torch.bfloat16 and torch.equal(out[n], t.to(torch.bfloat16)), n
+    with open(os.path.join(built[engine], "draft", "config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(d, "config.json")) as f:
+        orig = json.load(f)
+    assert cfg["dtype"] == "bfloat16" and cfg["torch_dtype"] == "bfloat16"
+    assert {k: v for k, v in cfg.items() if k not in ("dtype", "torch_dtype")} == \
+        {k: v for k, v in orig.items() if k not in ("dtype", "torch_dtype")}
+
+
+def test_hf_quant_config_and_config_json(built):
+    for engine, algo, kv in (("fp8", "FP8", "FP8"), ("nvfp4", "NVFP4", None)):
+        tdir = os.path.join(built[engine], "target")
+        with open(os.path.join(tdir, "hf_quant_config.json")) as f:
+            hq = json.load(f)
+        assert hq["producer"]["name"] == "modelopt" and hq["producer"]["version"]
+        q = hq["quantization"]
+        assert q["quant_algo"] == algo and q["kv_cache_quant_algo"] == kv
+        assert "lm_head" in q["exclude_modules"] and "model.embed_tokens" in q["exclude_modules"]
+        assert (q.get("group_size") == 16) == (algo == "NVFP4")
+        with open(os.path.join(tdir, "config.json")) as f:
+            cfg = json.load(f)
+        assert cfg["quantization_config"]["quant_method"] == "modelopt"
+        assert cfg["quantization_config"]["quant_algo"] == algo
+        assert cfg["architectures"] == [record(built[engine])["architecture"]]
+    with open(os.path.join(built["nvfp4"], "target", "config.json")) as f:
+        assert json.load(f)["architectures"] == ["Qwen3ForCausalLM"]  # set although the source config lacked it
+
+
+# -- engine.json, YAML, scripts ---------------------------------------------------------------------------------
+def test_engine_json_records_everything(pairs, built):
+    from dflash_trt import __version__
+    from dflash_trt.builder import TRTLLM_VERSION
+
+    for name, engine in built.items():
+        rec = record(engine)
+        for key in ("format_version", "tool", "sources", "quantization", "kv_cache_dtype", "tp_size", "block_size",
+                    "max_draft_len", "target_layer_ids", "mask_token_id", "max_seq_len", "max_batch_size",
+                    "tensorrt_llm_version", "files"):
+            assert key in rec, (name, key)
+        assert rec["tool"] == {"name": "dflash-build", "version": __version__}
+        assert rec["tensorrt_llm_version"] == TRTLLM_VERSION and TRTLLM_VERSION.startswith("1.3.0rc")
+        on_disk = sorted(os.path.relpath(os.path.join(d, f), engine) for d, _, fs in os.walk(engine) for f in fs)
+        assert sorted(rec["files"]) == [f for f in on_disk if f != "engine.json"]
+        for rel, digest in rec["files"].items():
+            with open(os.path.join(engine, rel), "rb") as f:
+                assert hashlib.sha256(f.read()).hexdigest() == digest, rel
+    bf = record(built["bf16"])
+    assert (bf["quantization"], bf["tp_size"], bf["block_size"], bf["max_draft_len"], bf["max_seq_len"],
+            bf["max_batch_size"], bf["mask_token_id"]) == ("bf16", 2, 8, 5, 1024, 4, 3)
+    assert bf["sources"]["target"] == pairs["llama"][0] and bf["sources"]["calib_data"] is None
+    assert record(built["nvfp4"])["max_draft_len"] == 5  # default: block_size 6 - 1
+
+
+def test_calibration_sources(pairs, built):
+    fp8, nv = record(built["fp8"])["calibration"], record(built["nvfp4"])["calibration"]
+    assert fp8["source"] == pairs["calib"] and fp8["samples"] == 4 and fp8["tokenizer"] == "target"
+    assert nv["source"] == "builtin" and nv["samples"] == 8 and nv["tokenizer"] == "bytes"
+    from dflash_trt.builder.calib import load_texts
+
+    texts = load_texts(None, 1000)
+    assert len(texts) >= 60 and sum("def " in t or "{" in t for t in texts) >= 10  # prose and code
+
+
+def test_dflash_yaml(built):
+    yaml = pytest.importorskip("yaml")
+    for name, engine in built.items():
+        rec = record(engine)
+        with open(os.path.join(engine, "trtllm", "dflash.yaml")) as f:
+            y = yaml.safe_load(f)
+        assert set(y) == {"speculative_config", "max_seq_len", "max_batch_size", "max_num_tokens",
+                          "cuda_graph_config", "kv_cache_config", "enable_chunked_prefill", "attn_backend"}
+        sc = y["speculative_config"]
+        assert sc["decoding_type"] == "DFlash" and sc["speculative_model"] == os.path.join(engine, "draft")
+        assert sc["max_draft_len"] == rec["max_draft_len"] < rec["block_size"]
+        assert sc["mask_token_id"] == rec["mask_token_id"] and sc["target_layer_ids"] == rec["target_layer_ids"]
+        assert (y["max_seq_len"], y["max_batch_size"]) == (rec["max_seq_len"], rec["max_batch_size"])
+        assert y["max_num_tokens"] >= y["max_batch_size"] * (sc["max_draft_len"] + 1)
+        assert y["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": rec["max_batch_size"]}
+        assert y["enable_chunked_prefill"] is True and y["attn_backend"] == "TRTLLM"
+        assert y["kv_cache_config"]["enable_block_reuse"] is False
+        assert y["kv_cache_config"].get("dtype") == ("fp8" if name == "fp8" else None)
+
+
+def test_launch_scripts(built):
+    from dflash_trt.builder import TRTLLM_VERSION
+
+    engine = built["bf16"]
+    text = {n: open(os.path.join(engine, "trtllm", n)).read() for n in ("serve.sh", "serve_multinode.sh", "bench.sh")}
+    for name, body in text.items():
+        path = os.path.join(engine, "trtllm", name)
+        assert os.access(path, os.X_OK) and body.startswith("#!/usr/bin/env bash")
+        assert subprocess.run(["bash", "-n", path]).returncode == 0
+        assert TRTLLM_VERSION in body and '--config "$CONFIG"' in body and "--tp" in body
+    assert re.search(r"trtllm-serve serve \"\$ENGINE/target\" --backend pytorch --tp_size 2 ", text["serve.sh"])
+    assert re.search(r"mpirun -n \"\$WORLD\" trtllm-llmapi-launch trtllm-serve serve ", text["serve_multinode.sh"])
+    assert 'WORLD="${WORLD:-2}"' in text["serve_multinode.sh"]
+    assert re.search(r"trtllm-bench --model \S+ --model_path \"\$ENGINE/target\" ", text["bench.sh"])
+    assert "--backend pytorch --tp 2" in text["bench.sh"]
+
+
+def test_moved_engine_scripts_relocate_the_drafter_path(built, tmp_path):
+    """serve.sh passes a copy of dflash.yaml naming the moved draft/ (trtllm-serve itself is stubbed)."""
+    moved = tmp_path / "moved"
+    shutil.copytree(built["bf16"], moved)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "trtllm-serve").write_text('#!/usr/bin/env bash\nfor a in "$@"; do [ "$prev" = --config ] && '
+                                       'cat "$a"; prev="$a"; done\n')
+    (stub / "trtllm-serve").chmod(0o755)
+    env = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", TMPDIR=str(tmp_path))
+    r = subprocess.run(["bash", str(moved / "trtllm" / "serve.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f'speculative_model: "{moved}/draft"' in r.stdout
+
+
+# -- --check ------------------------------------------------------------------------------------------------------
+def run_cli(*argv, cwd=None):
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_check_passes_then_fails_on_corruption(built, tmp_path):
+    engine = str(tmp_path / "copy")
+    shutil.copytree(built["fp8"], engine)
+    ok = run_cli("--check", engine, "--quiet")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"OK: {engine} matches engine.json") and "fp8" in ok.stdout
+    weights = os.path.join(engine, "target", "model.safetensors")
+    with open(weights, "r+b") as f:  # flip one byte in the middle of the tensor data
+        f.seek(os.path.getsize(weights) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+    bad = run_cli("--check", engine, "--quiet")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert len(bad.stderr.splitlines()) == 1 and bad.stderr.startswith("error: ")
+    assert "target/model.safetensors (sha256 differs)" in bad.stderr and "dflash-build --force" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_check_in_process_other_mismatches(built, tmp_path):
+    from dflash_trt.builder.check import check_engine
+    from dflash_trt.errors import DFlashError
+
+    engine = tmp_path / "e"
+    shutil.copytree(built["bf16"], engine)
+    assert check_engine(str(engine))["files"] == len(record(str(engine))["files"])
+    (engine / "target" / "extra.safetensors").write_bytes(b"x")
+    with pytest.raises(DFlashError, match="target/extra.safetensors \\(not listed in engine.json\\)"):
+        check_engine(str(engine))
+    os.remove(engine / "target" / "extra.safetensors")
+    os.remove(engine / "trtllm" / "bench.sh")
+    with pytest.raises(DFlashError, match="trtllm/bench.sh \\(missing\\)"):
+        check_engine(str(engine))
+
+
+# -- atomic writes ------------------------------------------------------------------------------------------------
+def test_force_replaces_and_a_failed_build_leaves_nothing(pairs, tmp_path, monkeypatch, capsys):
+    import dflash_trt.builder.build as build_mod
+
+    t, d = pairs["llama"]
+    out = str(tmp_path / "engine")
+    base = ["--target", t, "--draft", d, "--quiet"]
+    assert build_main([*base, "--output", out, "--max-draft-len", "3"]) == 0
+    assert build_main([*base, "--output", out, "--max-draft-len", "4"]) == 2  # exists, no --force
+    assert record(out)["max_draft_len"] == 3
+    assert build_main([*base, "--output", out, "--max-draft-len", "4", "--force"]) == 0
+    assert record(out)["max_draft_len"] == 4 and leftovers(str(tmp_path)) == []
+    capsys.readouterr()
+
+    def boom(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(build_mod, "write_draft", boom)
+    assert build_main([*base, "--output", out, "--max-draft-len", "5", "--force"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: internal failure: RuntimeError: disk on fire")
+    assert record(out)["max_draft_len"] == 4  # the previous engine survives a failed --force rebuild
+    nested = tmp_path / "a" / "b" / "engine"
+    assert build_main([*base, "--output", str(nested)]) == 1
+    assert not (tmp_path / "a").exists() and leftovers(str(tmp_path)) == []
+
+
+# -- every bad input: one line on stderr, exit 2, no output directory ----------------------------------------------
+def _error_cases(pairs, root):
+    t, d = pairs["llama"]
+
+    def copy_target(name, **cfg):
+        p = os.path.join(root, name)
+        shutil.copytree(t, p)
+        if cfg:
+            edit_json(os.path.join(p, "config.json"), **cfg)
+        return p
+
+    empty = os.path.join(root, "empty")
+    os.makedirs(empty)
+    bad_json = copy_target("bad_json")
+    with open(os.path.join(bad_json, "config.json"), "w") as f:
+        f.write("{oops")
+    no_weights = copy_target("no_weights")
+    os.remove(os.path.join(no_weights, "model.safetensors"))
+    corrupt = copy_target("corrupt")
+    with open(os.path.join(corrupt, "model.safetensors"), "wb") as f:
+        f.write(b"\x00\x01garbage")
+    mistral = copy_target("mistral", model_type="mistral", architectures=["MistralForCausalLM"])
+    seqcls = copy_target("seqcls", architectures=["LlamaForSequenceClassification"])
+    other_t = tiny.make_target(os.path.join(root, "other_t"), "llama", hidden=32, heads=2, kv_heads=1)
+    d_other = tiny.make_drafter(os.path.join(root, "d_other"), other_t)
+    d_layers = tiny.make_drafter(os.path.join(root, "d_layers"), t, target_layer_ids=[1, 7])
+    d_gpt2 = tiny.make_drafter(os.path.join(root, "d_gpt2"), t, extra={"model_type": "gpt2"})
+    t40 = tiny.make_target(os.path.join(root, "t40"), "llama", hidden=40, heads=4, kv_heads=2)
+    d40 = tiny.make_drafter(os.path.join(root, "d40"), t40)
+    exists = os.path.join(root, "out_exists")
+    os.makedirs(exists)
+    with open(os.path.join(exists, "keep.txt"), "w") as f:
+        f.write("mine")
+    bad_calib = os.path.join(root, "bad.jsonl")
+    with open(bad_calib, "w") as f:
+        f.write('{"text": "fine"}\nnot json\n')
+
+    def pair(target=t, draft=d, name=None):
+        return ["--target", target, "--draft", draft]
+
+    fp8 = ["--quantization", "fp8"]
+    return {  # case: (argv without --output, expected fragments)
+        "target_missing": (pair(target=os.path.join(root, "nope")), ["--target", "directory not found"]),
+        "draft_missing": (pair(draft=os.path.join(root, "nope")), ["--draft", "directory not found"]),
+        "target_not_a_checkpoint": (pair(target=empty), ["has no config.json", "Hugging Face"]),
+        "target_unreadable_config": (pair(target=bad_json), ["unreadable", "config.json"]),
+        "target_no_weights": (pair(target=no_weights), ["no *.safetensors"]),
+        "target_corrupt_weights": (pair(target=corrupt), ["unreadable", "model.safetensors"]),
+        "unknown_architecture": (pair(target=mistral), ["'mistral'", "not supported", "LlamaForCausalLM"]),
+        "unknown_architecture_head": (pair(target=seqcls), ["LlamaForSequenceClassification", "not supported"]),
+        "unknown_drafter_type": (pair(draft=d_gpt2), ["'gpt2'", "qwen3 or llama"]),
+        "pair_hidden_size": (pair(draft=d_other), ["hidden_size", "another target"]),
+        "pair_layer_ids": (pair(draft=d_layers), ["target_layer_ids [7]", "out of range"]),
+        "max_draft_len_ge_block": (pair() + ["--max-draft-len", "8"],
+                                   ["--max-draft-len 8 must be below the drafter block_size 8", "use --max-draft-len 7"]),
+        "tp_not_dividing_heads": (pair() + ["--tp-size", "3"], ["--tp-size 3 does not divide", "use --tp-size 1 or 2"]),
+        "tp_out_of_range": (pair() + ["--tp-size", "9"], ["--tp-size 9 is out of range", "1..8"]),
+        "nvfp4_in_features": (pair(target=t40, draft=d40) + ["--quantization", "nvfp4"],
+                              ["divisible by 16", "hidden_size", "--quantization fp8"]),
+        "existing_output": (pair() + ["--output", exists], ["already exists", "--force"]),
+        "calib_missing": (pair() + fp8 + ["--calib-data", os.path.join(root, "none.jsonl")],
+                          ["--calib-data", "file not found", "JSONL"]),
+        "calib_bad_line": (pair() + fp8 + ["--calib-data", bad_calib], ["line 2 is not JSON"]),
+        "missing_flag": (["--target", t], ["--draft, --output are required"]),
+        "check_missing_dir": (["--check", os.path.join(root, "nope")], ["--check", "directory not found"]),
+        "check_not_an_engine": (["--check", t], ["no engine.json"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def error_runs(pairs, tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("errors"))
+    cases = _error_cases(pairs, root)
+
+    def run(name):
+        argv, _ = cases[name]
+        if "--output" not in argv and "--check" not in argv and name != "missing_flag":
+            argv = argv + ["--output", os.path.join(root, "out", name)]
+        return name, run_cli(*argv, cwd=root)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:  # 2 cores: two CLI processes at a time
+        results = dict(pool.map(run, cases))
+    return root, cases, results
+
+
+ERROR_CASES = ["target_missing", "draft_missing", "target_not_a_checkpoint", "target_unreadable_config",
+               "target_no_weights", "target_corrupt_weights", "unknown_architecture", "unknown_architecture_head",
+               "unknown_drafter_type", "pair_hidden_size", "pair_layer_ids", "max_draft_len_ge_block",
+               "tp_not_dividing_heads", "tp_out_of_range", "nvfp4_in_features", "existing_output", "calib_missing",
+               "calib_bad_line", "missing_flag", "check_missing_dir", "check_not_an_engine"]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES)
+def test_bad_input_gives_one_line_and_no_output(error_runs, case):
+    root, cases, results = error_runs
+    r = results[case]
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    for fragment in cases[case][1]:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert not os.path.exists(os.path.join(root, "out", case))
+    assert os.listdir(os.path.join(root, "out_exists")) == ["keep.txt"]  # an existing output is never touched
+    if os.path.isdir(os.path.join(root, "out")):
+        assert leftovers(os.path.join(root, "out")) == []
+
+
+def test_error_cases_are_all_run(error_runs):
+    assert sorted(error_runs[1]) == sorted(ERROR_CASES)
