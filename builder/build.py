@@ -19,7 +19,7 @@ import shutil
 import tempfile
 
 from . import FORMAT_VERSION, trtllm
-from .calib import Tokenize, load_texts
+from .calib import Tokenize
 from .draft import write_draft
 from .errors import BuildError
 from .progress import Progress
@@ -161,9 +161,8 @@ def build_engine(plan: BuildPlan, progress: Progress | None = None) -> dict:
     """Validate, then write the engine directory. Returns the engine.json record."""
     progress = progress or Progress(enabled=False)
     validate_plan(plan)
-    texts = tokenize = None
-    if plan.uses_modelopt:  # read and tokenize-check calibration data before any heavy work
-        texts = load_texts(plan.calib_data, plan.calib_samples)
+    tokenize = None
+    if plan.uses_modelopt:  # the tokenizer is loaded (and checked) before any heavy work
         tokenize = Tokenize(plan.target, plan.tcfg.vocab_size, plan.calib_max_tokens)
     elif plan.calib_data is not None:
         progress.log("note: --calib-data is unused: a bf16 build with --kv-cache-dtype auto needs no calibration")
@@ -172,7 +171,7 @@ def build_engine(plan: BuildPlan, progress: Progress | None = None) -> dict:
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output)}.dflash-tmp-", dir=os.path.dirname(output))
     try:
         if plan.uses_modelopt:
-            info = write_target_modelopt(plan, os.path.join(tmp, "target"), texts, tokenize, progress)
+            info = write_target_modelopt(plan, os.path.join(tmp, "target"), plan.calib_texts, tokenize, progress)
         else:
             info = write_target_bf16(plan, os.path.join(tmp, "target"), progress)
         write_draft(plan, os.path.join(tmp, "draft"), progress)

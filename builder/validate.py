@@ -37,6 +37,8 @@ class BuildPlan:
     tcfg: TargetConfig | None = field(default=None, repr=False)
     dcfg: DraftConfig | None = field(default=None, repr=False)
     target_raw: dict = field(default_factory=dict, repr=False)
+    target_shapes: dict = field(default_factory=dict, repr=False)
+    calib_texts: list | None = field(default=None, repr=False)
     architecture: str = ""
 
     @property
@@ -167,10 +169,15 @@ def check_target(plan: BuildPlan) -> None:
                          "(dflash-build quantizes it itself)")
 
 
-def check_target_weights(plan: BuildPlan) -> None:
+def read_target_shapes(plan: BuildPlan) -> None:
+    """Every safetensors header of the target (missing / unreadable files fail here, before any model import)."""
     from dflash_trt.checkpoint import tensor_shapes
 
-    shapes = tensor_shapes(plan.target, "target")
+    plan.target_shapes = tensor_shapes(plan.target, "target")
+
+
+def check_target_weights(plan: BuildPlan) -> None:
+    shapes = plan.target_shapes
     t = plan.tcfg
     want = {"model.embed_tokens.weight": [t.vocab_size, t.hidden_size],
             "model.layers.0.self_attn.q_proj.weight": [t.num_attention_heads * t.head_dim, t.hidden_size],
@@ -196,13 +203,18 @@ def check_draft(plan: BuildPlan) -> None:
                          "the BF16 drafter")
 
 
-def check_lengths(plan: BuildPlan) -> None:
-    t, d = plan.tcfg, plan.dcfg
+def check_draft_len(plan: BuildPlan) -> None:
+    d = plan.dcfg
     if plan.max_draft_len is None:
         plan.max_draft_len = d.block_size - 1
     if plan.max_draft_len >= d.block_size:
         raise BuildError(f"--max-draft-len {plan.max_draft_len} must be below the drafter block_size "
                          f"{d.block_size}: use --max-draft-len {d.block_size - 1} or less")
+
+
+def check_lengths(plan: BuildPlan) -> None:
+    t = plan.tcfg
+    check_draft_len(plan)
     if plan.max_seq_len is None:
         plan.max_seq_len = min(8192, t.max_position_embeddings)
     if plan.max_seq_len > t.max_position_embeddings:
@@ -221,23 +233,36 @@ def check_lengths(plan: BuildPlan) -> None:
 
 
 def validate_plan(plan: BuildPlan) -> BuildPlan:
-    """Raises a DFlashError (one-line message) on the first problem; fills in configs and defaults."""
+    """Raises a DFlashError (one-line message) on the first problem; fills in configs and defaults.
+
+    Cheap checks first (flags, paths, raw configs, safetensors headers, calibration file), so most mistakes are
+    reported before transformers is even imported; then the pair (load_configs -> validate_pair) and what
+    depends on the parsed configs.
+    """
+    from .calib import load_texts
+
     check_flags(plan)
     plan.target = _check_dir(plan.target, "--target", "target")
     plan.draft = _check_dir(plan.draft, "--draft", "drafter")
     check_output(plan)
     check_target(plan)
+    read_target_shapes(plan)
+    plan.dcfg = DraftConfig.from_dir(plan.draft, num_target_layers=plan.target_raw.get("num_hidden_layers"))
+    check_draft(plan)
+    check_draft_len(plan)
+    if plan.uses_modelopt:
+        check_modelopt()
+        if plan.calib_data is not None:
+            plan.calib_data = os.path.abspath(plan.calib_data)
+        plan.calib_texts = load_texts(plan.calib_data, plan.calib_samples)
+    elif plan.calib_data is not None:
+        plan.calib_data = os.path.abspath(plan.calib_data)
     from dflash_trt.loader import ModelPaths, load_configs
 
     plan.tcfg, plan.dcfg = load_configs(ModelPaths(plan.target, plan.draft))  # validate_pair runs inside
-    check_draft(plan)
     check_lengths(plan)
     check_tp(plan)
     check_target_weights(plan)
     if plan.quantization == "nvfp4":
         check_nvfp4_shapes(plan)
-    if plan.uses_modelopt:
-        check_modelopt()
-    if plan.calib_data is not None:
-        plan.calib_data = os.path.abspath(plan.calib_data)
     return plan
