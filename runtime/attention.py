@@ -21,9 +21,19 @@ class SeqSlice:
 
 
 @dataclass
+class DecodeGroup:
+    """Single-row sequences attended in one padded batch (one gather and one SDPA per layer)."""
+    rows: torch.Tensor  # [G] packed row of each sequence
+    slots: torch.Tensor  # [G, Lmax] cache slots, padded with slot 0
+    mask: torch.Tensor  # [G, 1, 1, Lmax] valid keys
+
+
+@dataclass
 class AttentionBatch:
     seqs: list[SeqSlice]
     slot_mapping: torch.Tensor  # [T] flat slot where each new row's K/V is written
+    decode: DecodeGroup | None = None
+    multi: list[SeqSlice] | None = None  # sequences with several new rows (prefill chunks, verify blocks)
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], block_size: int, device) -> "AttentionBatch":
@@ -37,7 +47,19 @@ class AttentionBatch:
             mapping.append(slots[kv_len - q_len:])
             start += q_len
         sm = torch.cat(mapping) if mapping else torch.zeros(0, dtype=torch.int64)
-        return AttentionBatch(seqs, sm.to(device))
+        single = [s for s in seqs if s.q_len == 1]
+        decode = None
+        if len(single) > 1:
+            lmax = max(s.kv_len for s in single)
+            slots = torch.zeros(len(single), lmax, dtype=torch.int64, device=device)
+            mask = torch.zeros(len(single), 1, 1, lmax, dtype=torch.bool, device=device)
+            for i, s in enumerate(single):
+                slots[i, :s.kv_len] = s.kv_slots
+                mask[i, ..., :s.kv_len] = True
+            rows = torch.tensor([s.q_start for s in single], device=device)
+            decode = DecodeGroup(rows, slots, mask)
+        multi = [s for s in seqs if s.q_len > 1 or decode is None]
+        return AttentionBatch(seqs, sm.to(device), decode, multi)
 
 
 def causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor | None:
@@ -54,7 +76,15 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch, scale: flo
     kc.index_copy_(0, batch.slot_mapping, k.to(kc.dtype))
     vc.index_copy_(0, batch.slot_mapping, v.to(vc.dtype))
     out = torch.empty_like(q)
-    for s in batch.seqs:
+    g = batch.decode
+    if g is not None:
+        n, lmax = g.slots.shape
+        keys = kc.index_select(0, g.slots.flatten()).view(n, lmax, kvh, d).transpose(1, 2).to(q.dtype)
+        vals = vc.index_select(0, g.slots.flatten()).view(n, lmax, kvh, d).transpose(1, 2).to(q.dtype)
+        qs = q.index_select(0, g.rows)[:, :, None, :]  # [G, H, 1, D]
+        o = F.scaled_dot_product_attention(qs, keys, vals, attn_mask=g.mask, scale=scale, enable_gqa=True)
+        out.index_copy_(0, g.rows, o[:, :, 0, :])
+    for s in batch.multi if batch.multi is not None else batch.seqs:
         keys = kc.index_select(0, s.kv_slots).to(q.dtype)
         vals = vc.index_select(0, s.kv_slots).to(q.dtype)
         qs = q[s.q_start:s.q_start + s.q_len]

@@ -12,6 +12,7 @@ from .config import DraftConfig, TargetConfig, validate_pair
 from .errors import CheckpointError
 from .models.draft import DFlashDrafter
 from .models.target import TargetModel
+from .quantized import is_quantized, load_quantized_state_dict
 
 
 @dataclass
@@ -57,7 +58,9 @@ def load_configs(paths: ModelPaths, max_draft_len: int | None = None):
 def load_models(paths: ModelPaths, tcfg: TargetConfig, dcfg: DraftConfig | None, dtype: torch.dtype, device,
                 max_positions: int = 4096):
     target = TargetModel(tcfg, max_positions)
-    target.load_weights(load_state_dict(paths.target, "target"), dtype)
+    quantized = is_quantized(paths.target)  # ModelOpt FP8/NVFP4 exports: dequantised on load
+    target.load_weights(load_quantized_state_dict(paths.target, dtype) if quantized
+                        else load_state_dict(paths.target, "target"), dtype)
     target.to(device).eval()
     target.rotary.to(device)
     drafter = None

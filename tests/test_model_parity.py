@@ -34,11 +34,11 @@ def test_captured_features_are_layer_outputs(tiny_pairs):
     tdir, _ = tiny_pairs["qwen3"]
     tcfg = TargetConfig.from_dir(tdir)
     target, _ = load_models(ModelPaths(tdir, None), tcfg, None, torch.float32, "cpu")
-    target.capture_ids = [2, 0]  # order in the concat must follow layer ids, not this list
+    target.capture_ids = [0, 2, 2]  # concatenated in the config's order, duplicates kept (as the reference)
     seq = list(range(3, 40))
     _, _, feats = teacher_forward(target, [seq], capture=True, logits=False)
     hf = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
     with torch.no_grad():
         hs = hf(torch.tensor([seq]), output_hidden_states=True).hidden_states
-    ref = torch.cat([hs[0 + 1][0], hs[2 + 1][0]], -1)
+    ref = torch.cat([hs[0 + 1][0], hs[2 + 1][0], hs[2 + 1][0]], -1)
     assert torch.allclose(feats, ref, atol=1e-4, rtol=1e-4)

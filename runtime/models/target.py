@@ -119,13 +119,14 @@ class TargetModel(nn.Module):
     def forward(self, ids, positions, kv_caches, batch: AttentionBatch, capture: bool = False):
         x = self.embed(ids)
         cos, sin = self.rotary(positions, x.dtype)
-        captured = []
+        captured = {}
         want = set(self.capture_ids) if capture else ()
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_caches[i], batch)
             if i in want:
-                captured.append((i, x))
-        feats = torch.cat([h for _, h in sorted(captured, key=lambda p: p[0])], -1) if capture else None
+                captured[i] = x
+        # the drafter's fc expects the layers in its config's order (duplicates allowed), as the reference does
+        feats = torch.cat([captured[i] for i in self.capture_ids], -1) if capture else None
         return self.model.norm(x), feats
 
     def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:

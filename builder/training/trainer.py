@@ -1,0 +1,228 @@
+"""Stage 2 of training: the DFlash recipe (dflash.md section 4) on cached target features.
+
+Per sequence: anchors a are committed positions of the response; block a is [x_a, MASK x (B-1)] at positions
+a..a+B-1; its queries see context rows strictly before a and every row of their own block (bidirectional),
+nothing of other blocks; row k is trained on x_{a+k} (same position) with weight exp(-(k-1)/gamma).
+Only fc, hidden_norm, the layers and norm train; the target's embedding and head are frozen.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ...rope import apply_rope
+
+GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def position_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    g = gamma or GAMMA.get(block_size, block_size / 2)
+    return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / g)
+
+
+def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> torch.Tensor:
+    """[N*B, ctx_len + N*B] bool: row of block n sees context j < a_n and all rows of block n."""
+    n = anchors.numel()
+    blk = torch.arange(n).repeat_interleave(block_size)
+    ctx = torch.arange(ctx_len)[None, :] < anchors.repeat_interleave(block_size)[:, None]
+    own = blk[:, None] == blk[None, :]
+    return torch.cat([ctx, own], dim=1)
+
+
+def block_labels(ids: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[N, B-1]: row k of block n predicts x_{a_n + k}; -100 past the end of the sequence."""
+    idx = anchors[:, None] + torch.arange(1, block_size)[None, :]
+    return torch.where(idx < ids.numel(), ids[idx.clamp(max=ids.numel() - 1)], torch.full_like(idx, -100))
+
+
+def choose_anchors(prompt_len: int, length: int, n: int, gen: torch.Generator | None) -> torch.Tensor:
+    """Anchors are generated tokens (the first block's bonus is the first answer token) with a next token."""
+    lo, hi = prompt_len, length - 1
+    if hi <= lo:
+        return torch.zeros(0, dtype=torch.long)
+    cand = torch.arange(lo, hi)
+    if cand.numel() <= n:
+        return cand
+    return cand[torch.randperm(cand.numel(), generator=gen)[:n]].sort().values
+
+
+def draft_rows(drafter, embed_w: torch.Tensor, ids: torch.Tensor, feats: torch.Tensor,
+               anchors: torch.Tensor) -> torch.Tensor:
+    """Differentiable drafter forward for all blocks of one sequence; returns normed hidden [N, B-1, H]."""
+    cfg = drafter.cfg
+    b, n, t = cfg.block_size, anchors.numel(), ids.numel()
+    c = drafter.project_context(feats.to(embed_w.dtype))
+    blk_ids = torch.full((n, b), cfg.mask_token_id, dtype=torch.long)
+    blk_ids[:, 0] = ids[anchors]
+    x = F.embedding(blk_ids.flatten(), embed_w) * cfg.input_embedding_scale
+    pos_b = (anchors[:, None] + torch.arange(b)[None, :]).flatten()
+    cos_c, sin_c = drafter.rotary(torch.arange(t), x.dtype)
+    cos_b, sin_b = drafter.rotary(pos_b, x.dtype)
+    mask = block_attention_mask(anchors, t, b)
+    for layer in drafter.layers:
+        att = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = apply_rope(att.q_norm(att.q_proj(h).view(n * b, -1, att.head_dim)), cos_b, sin_b)
+        kb, vb = att.kv(h, cos_b, sin_b)
+        kc, vc = att.kv(c, cos_c, sin_c)
+        k, v = torch.cat([kc, kb]), torch.cat([vc, vb])
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], attn_mask=mask, scale=att.scale,
+                                           enable_gqa=True)[0].transpose(0, 1)
+        x = x + att.o_proj(o.reshape(n * b, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return drafter.norm(x).view(n, b, -1)[:, 1:]
+
+
+def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head_w: torch.Tensor, weights: torch.Tensor,
+               output_multiplier: float = 1.0):
+    """Weighted same-position cross-entropy; also returns per-row correctness for acceptance estimates."""
+    n, k, hdim = hidden.shape
+    logits = F.linear(hidden.reshape(-1, hdim), head_w) * output_multiplier
+    flat = labels.reshape(-1)
+    ce = F.cross_entropy(logits, flat, ignore_index=-100, reduction="none").view(n, k)
+    valid = (labels != -100).float()
+    w = weights[None, :k] * valid
+    loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+    correct = (logits.argmax(-1).view(n, k) == labels) & (labels != -100)
+    return loss, correct
+
+
+def accepted_lengths(correct: torch.Tensor, k: int) -> torch.Tensor:
+    """Leading run of correct drafts among the first k rows (greedy acceptance under teacher forcing)."""
+    return correct[:, :k].int().cumprod(1).sum(1)
+
+
+@dataclass
+class TrainConfig:
+    block_size: int = 8
+    anchors_per_seq: int = 48
+    seqs_per_step: int = 4
+    lr: float = 6e-4
+    warmup_frac: float = 0.04
+    max_steps: int = 2000
+    time_budget_min: float | None = None
+    clip: float = 1.0
+    weight_decay: float = 0.0
+    eval_every: int = 200
+    save_every: int = 100
+    seed: int = 0
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    warm = max(1, int(cfg.warmup_frac * cfg.max_steps))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    p = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * p))
+
+
+@torch.no_grad()
+def evaluate_tau(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anchors_per_seq: int = 256):
+    """Teacher-forced greedy tau on held-out sequences (equals DFlash's tau on the target's own greedy text)."""
+    acc, n = 0.0, 0
+    for s in seqs:
+        anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), anchors_per_seq, torch.Generator().manual_seed(0))
+        if anchors.numel() == 0:
+            continue
+        h = draft_rows(drafter, embed_w, s["ids"], s["features"], anchors)
+        labels = block_labels(s["ids"], anchors, drafter.cfg.block_size)
+        _, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size))
+        acc += accepted_lengths(correct, max_draft_len).float().sum().item()
+        n += anchors.numel()
+    return 1.0 + acc / max(n, 1)
+
+
+class Trainer:
+    def __init__(self, drafter, embed_w, head_w, train_seqs: list[dict], cfg: TrainConfig, out_dir: str,
+                 log=print):
+        self.d, self.embed_w, self.head_w = drafter, embed_w, head_w
+        self.seqs, self.cfg, self.out, self.log = train_seqs, cfg, out_dir, log
+        for p in drafter.parameters():
+            p.requires_grad_(True)
+        self.params = [p for p in drafter.parameters()]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        self.step, self.elapsed, self.history = 0, 0.0, []
+        self.weights = position_weights(drafter.cfg.block_size)
+        self.rng = random.Random(cfg.seed)
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_path(self) -> str:
+        return os.path.join(self.out, "trainer_state.pt")
+
+    def save(self, export) -> None:
+        os.makedirs(self.out, exist_ok=True)
+        tmp = self.state_path() + ".tmp"
+        torch.save({"step": self.step, "elapsed": self.elapsed, "history": self.history,
+                    "model": self.d.state_dict(), "opt": self.opt.state_dict(),
+                    "rng": self.rng.getstate(), "gen": self.gen.get_state()}, tmp)
+        os.replace(tmp, self.state_path())
+        export(self.d)
+
+    def resume(self) -> bool:
+        if not os.path.isfile(self.state_path()):
+            return False
+        st = torch.load(self.state_path(), weights_only=False)
+        self.d.load_state_dict(st["model"])
+        self.opt.load_state_dict(st["opt"])
+        self.step, self.elapsed, self.history = st["step"], st["elapsed"], st["history"]
+        self.rng.setstate(st["rng"])
+        self.gen.set_state(st["gen"])
+        self.log(f"resumed at step {self.step} ({self.elapsed / 60:.1f} min of training)")
+        return True
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def train_step(self) -> tuple[float, int]:
+        cfg = self.cfg
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, cfg)
+        self.opt.zero_grad(set_to_none=True)
+        batch = [self.seqs[self.rng.randrange(len(self.seqs))] for _ in range(cfg.seqs_per_step)]
+        total, rows = 0.0, 0
+        for s in batch:
+            anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), cfg.anchors_per_seq, self.gen)
+            if anchors.numel() == 0:
+                continue
+            h = draft_rows(self.d, self.embed_w, s["ids"], s["features"], anchors)
+            labels = block_labels(s["ids"], anchors, self.d.cfg.block_size)
+            loss, _ = block_loss(h, labels, self.head_w, self.weights, self.d.cfg.output_multiplier)
+            (loss / len(batch)).backward()
+            total += loss.item() / len(batch)
+            rows += int((labels != -100).sum())
+        torch.nn.utils.clip_grad_norm_(self.params, cfg.clip)
+        self.opt.step()
+        self.step += 1
+        return total, rows
+
+    def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None) -> None:
+        cfg = self.cfg
+        k = max_draft_len or self.d.cfg.block_size - 1
+        t_last, rows_acc = time.time(), 0
+        budget = cfg.time_budget_min * 60 if cfg.time_budget_min else None
+        while self.step < cfg.max_steps and (budget is None or self.elapsed < budget):
+            t0 = time.time()
+            loss, rows = self.train_step()
+            self.elapsed += time.time() - t0
+            rows_acc += rows
+            if self.step % 10 == 0:
+                dt = time.time() - t_last
+                self.log(f"step {self.step} loss {loss:.3f} lr {lr_at(self.step, cfg):.2e} "
+                         f"{rows_acc / dt:.0f} label-rows/s")
+                t_last, rows_acc = time.time(), 0
+            if eval_seqs and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
+                tau = evaluate_tau(self.d, self.embed_w, self.head_w, eval_seqs, k)
+                self.history.append({"step": self.step, "minutes": self.elapsed / 60, "loss": loss, "tau": tau})
+                self.log(f"eval step {self.step}: held-out tau {tau:.3f} (K={k})")
+            if self.step % cfg.save_every == 0:
+                self.save(export)
+        self.save(export)
+        with open(os.path.join(self.out, "history.json"), "w") as f:
+            json.dump(self.history, f, indent=1)
