@@ -8,7 +8,9 @@
 //   linear    y[m,n] = tree_c( fma-chain_{k in chunk c, ascending}(x[m,k] * w[n,k]) ) (+ bias[n])
 //             chunks: K split into k_splits equal contiguous ranges; tree = pairwise levels
 //             ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)). Each fma chain starts from +0.
-//   rms_norm  ss = hsum16(lane l: fma-chain over h = l, l+16, ...(x_h*x_h)); r = 1/sqrtf(ss/H + eps)
+//   rms_norm  ss = hsum16(lane l: fma-chain over h = l, l+16, ...(x_h*x_h)); r = 1/sqrtf(ss/H + eps);
+//             y = w * to_xdtype(x * r)   (HF casting; bf16 rounding is round-to-nearest-even)
+//   silu_mul  y = to_dtype(g / (1 + exp(-g))) * u, one vector formula for every element (masked tails)
 //   attention score_j = hsum16(lane l: fma-chain over d = l, l+16, ...(q_d*k_jd)) * scale;
 //             m = max_j; p_j = exp(score_j - m); l = hsum16(lane l: sum of p_j, j = l, l+16, ... ascending);
 //             o = (fma-chain over j ascending (p_j * v_j)) / l
@@ -20,7 +22,8 @@
 // the best one the CPU supports is chosen at load time (DFLASH_BI_ISA=avx512|avx2|scalar overrides).
 //
 // OpenMP splits work over output tiles (linear: panels of 32 columns and row ranges; norm/silu: rows;
-// attention: (row, head) items); a reduction is never split across threads.
+// attention: (sequence, head, block of <= 16 query rows) items); a reduction is never split across threads,
+// and the workers run with the caller's MXCSR (flush-denormal / rounding mode).
 
 #ifndef BI_KERNEL_PASS
 
@@ -177,6 +180,14 @@ static int dtype_code(const at::Tensor& t, const char* what) {
 
 static int nthreads() { return std::max(1, at::get_num_threads()); }
 
+// Worker threads run with the caller's MXCSR (flush-to-zero / denormals-are-zero / rounding), so a thread
+// that torch.set_flush_denormal never reached cannot compute a row differently.
+struct CsrScope {
+  unsigned saved;
+  explicit CsrScope(unsigned want) : saved(_mm_getcsr()) { _mm_setcsr(want); }
+  ~CsrScope() { _mm_setcsr(saved); }
+};
+
 static void balanced(int64_t n, int parts, int idx, int64_t& b, int64_t& e) {
   b = n * idx / parts;
   e = n * (idx + 1) / parts;
@@ -199,8 +210,10 @@ static void run_linear(const LinParams& p, int64_t M) {
     k.linear_tile(p, 0, M, 0, P);
     return;
   }
+  const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(T)
   {
+    CsrScope cs(csr);
     int tid = omp_get_thread_num();
     if (tid < T) {
       int64_t m0, m1, p0, p1;
@@ -320,8 +333,10 @@ static void run_norm(const NormParams& p, int64_t rows) {
     k.norm_rows(p, 0, rows);
     return;
   }
+  const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(T)
   {
+    CsrScope cs(csr);
     int64_t r0, r1;
     balanced(rows, omp_get_num_threads(), omp_get_thread_num(), r0, r1);
     if (r1 > r0) k.norm_rows(p, r0, r1);
@@ -403,8 +418,10 @@ static at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
     if (T == 1) {
       k.silu_rows(p, 0, rows);
     } else {
+      const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(T)
       {
+        CsrScope cs(csr);
         int64_t r0, r1;
         balanced(rows, omp_get_num_threads(), omp_get_thread_num(), r0, r1);
         if (r1 > r0) k.silu_rows(p, r0, r1);
@@ -491,8 +508,10 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   if (Tn == 1) {
     k.attn_items(p, 0, n_items, scratch.data());
   } else {
+    const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(Tn)
     {
+      CsrScope cs(csr);
       float* s = scratch.data() + (size_t)scr * omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
       for (int64_t c = 0; c < n_items; ++c) k.attn_items(p, c, c + 1, s);
@@ -948,7 +967,7 @@ static int np_of(int mr, int want) {
 static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
   // rows in cache blocks (x block ~ 384 KiB), each block in balanced tiles of <= MR_MAX rows
   const int64_t kx = p.chunk_len * p.nchunks;
-  int64_t mb = (384 * 1024) / (4 * std::max<int64_t>(kx, 1));
+  int64_t mb = (768 * 1024) / (4 * std::max<int64_t>(kx, 1));
   mb = std::max<int64_t>(MR_MAX, (mb / MR_MAX) * MR_MAX);
   const bool wbf = p.wt == bi::BF16;
   thread_local std::vector<float> xbuf;
@@ -965,10 +984,9 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
       int64_t r = b0;
       for (int64_t t = 0; t < nt; ++t) {
         const int mr = base + (t < extra ? 1 : 0);
-        for (int m = 0; m < mr; ++m) {
-          const float* src = p.x + (r + m) * p.ldx + p.xk0;
-          for (int64_t k = 0; k < kx; ++k) d[k * mr + m] = src[k];
-        }
+        const float* src = p.x + r * p.ldx + p.xk0;
+        for (int64_t k = 0; k < kx; ++k)
+          for (int m = 0; m < mr; ++m) d[k * mr + m] = src[m * p.ldx + k];
         d += mr * kx;
         r += mr;
       }
@@ -1060,48 +1078,98 @@ static void silu_rows(const SiluParams& p, int64_t r0, int64_t r1) {
 }
 
 // ---- paged attention: one (sequence, head, block of <= 16 query rows) item at a time ----------------------
+// NDV: 16-lane slices of D. FULL: D == 16 * NDV (plain loads); otherwise the slices are masked (lanes past D
+// load as 0 and add nothing). Which (NDV, FULL) runs is a function of D alone.
 
 enum { ATT_RB = 16 };  // query rows per item
 
-// PV for QB queries: o_q = sum_{j < nk_q} p_qj v_j, j ascending, / l_q
-template <int NDV, int QB, bool CBF, bool OBF>
-static void att_pv(const AttnParams& p, const int* dn, const int64_t* voff, int nq, const int64_t* nk,
-                   float* const* sc, const float* l, const int64_t* orow) {
+template <bool CBF, bool FULL>
+BI_INLINE V16 ldk(const void* base, int64_t off, int n) {
+  if (FULL) return ld<CBF>(base, off);
+  return ld_n<CBF>(base, off, n);
+}
+
+#if BI_KERNEL_PASS == 1
+template <int NDV>
+struct AttQB { enum { v = NDV <= 3 ? 8 : (NDV == 4 ? 6 : (NDV <= 6 ? 4 : (NDV <= 8 ? 3 : 1))) }; };
+#else
+template <int NDV>
+struct AttQB { enum { v = 1 }; };
+#endif
+
+#if BI_KERNEL_PASS == 1
+template <int NDV>
+struct AttQS { enum { v = NDV <= 4 ? 4 : (NDV <= 8 ? 2 : 1) }; };
+#else
+template <int NDV>
+struct AttQS { enum { v = 1 }; };
+#endif
+
+// scores of QS queries against nb (<= 16) keys: lane j of row q = hsum16(fma chain over D slices) * scale
+template <int NDV, bool FULL, int QS, bool CBF>
+static void att_scores(const AttnParams& p, const int* dn, const int64_t* koff, int nb, const int64_t* qoff,
+                       float* const* sc, int64_t j0, V16 scale) {
+  V16 qv[QS][NDV];
+  for (int q = 0; q < QS; ++q)
+    for (int dv = 0; dv < NDV; ++dv) qv[q][dv] = ldk<false, FULL>(p.q, qoff[q] + dv * 16, dn[dv]);
+  V16 a[QS][16];
+  for (int jj = 0; jj < 16; ++jj) {
+    if (jj < nb) {
+      V16 kv[NDV];
+      for (int dv = 0; dv < NDV; ++dv) kv[dv] = ldk<CBF, FULL>(p.kc, koff[jj] + dv * 16, dn[dv]);
+      for (int q = 0; q < QS; ++q) {
+        V16 acc = vzero();
+        for (int dv = 0; dv < NDV; ++dv) acc = vfma(qv[q][dv], kv[dv], acc);
+        a[q][jj] = acc;
+      }
+    } else {
+      for (int q = 0; q < QS; ++q) a[q][jj] = vzero();
+    }
+  }
+  for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
+}
+
+// PV for exactly QB queries: o_q = sum_{j < nk_q} p_qj v_j over j ascending, then / l_q
+template <int NDV, bool FULL, int QB, bool CBF>
+static void att_pv(const AttnParams& p, const int* dn, const int64_t* voff, const int64_t* nk, float* const* sc,
+                   const float* l, const int64_t* orow) {
   V16 o[QB][NDV];
   for (int q = 0; q < QB; ++q)
     for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vzero();
   int64_t jmin = nk[0], jmax = nk[0];
-  for (int q = 1; q < nq; ++q) { jmin = std::min(jmin, nk[q]); jmax = std::max(jmax, nk[q]); }
-  if (nq == QB) {
-    for (int64_t j = 0; j < jmin; ++j) {
-      V16 v[NDV];
-      for (int dv = 0; dv < NDV; ++dv) v[dv] = ld_n<CBF>(p.vc, voff[j] + dv * 16, dn[dv]);
-      for (int q = 0; q < QB; ++q) {
-        const V16 pj = vset1(sc[q][j]);
-        for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vfma(pj, v[dv], o[q][dv]);
-      }
-    }
-  } else {
-    jmin = 0;
-  }
-  for (int64_t j = jmin; j < jmax; ++j) {
+  for (int q = 1; q < QB; ++q) { jmin = std::min(jmin, nk[q]); jmax = std::max(jmax, nk[q]); }
+  const float* s[QB];
+  for (int q = 0; q < QB; ++q) s[q] = sc[q];
+  for (int64_t j = 0; j < jmin; ++j) {
     V16 v[NDV];
-    for (int dv = 0; dv < NDV; ++dv) v[dv] = ld_n<CBF>(p.vc, voff[j] + dv * 16, dn[dv]);
+    for (int dv = 0; dv < NDV; ++dv) v[dv] = ldk<CBF, FULL>(p.vc, voff[j] + dv * 16, dn[dv]);
     for (int q = 0; q < QB; ++q) {
-      if (q < nq && j < nk[q]) {
-        const V16 pj = vset1(sc[q][j]);
+      const V16 pj = vset1(s[q][j]);
+      for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vfma(pj, v[dv], o[q][dv]);
+    }
+  }
+  for (int64_t j = jmin; j < jmax; ++j) {  // causal triangle: not every query sees key j
+    V16 v[NDV];
+    for (int dv = 0; dv < NDV; ++dv) v[dv] = ldk<CBF, FULL>(p.vc, voff[j] + dv * 16, dn[dv]);
+    for (int q = 0; q < QB; ++q) {
+      if (j < nk[q]) {
+        const V16 pj = vset1(s[q][j]);
         for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vfma(pj, v[dv], o[q][dv]);
       }
     }
   }
-  for (int q = 0; q < nq; ++q) {
+  for (int q = 0; q < QB; ++q) {
     if (nk[q] <= 0) continue;
     const V16 lv = vset1(l[q]);
-    for (int dv = 0; dv < NDV; ++dv) st_n<OBF>(p.out, orow[q] + dv * 16, vdiv(o[q][dv], lv), dn[dv]);
+    for (int dv = 0; dv < NDV; ++dv) {
+      const V16 r = vdiv(o[q][dv], lv);
+      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + dv * 16, r, dn[dv]);
+      else st_n<false>(p.out, orow[q] + dv * 16, r, dn[dv]);
+    }
   }
 }
 
-template <int NDV, bool CBF, bool OBF>
+template <int NDV, bool FULL, bool CBF>
 static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, int64_t sc_stride) {
   const int64_t b = it[0], h = it[1], r0 = it[2], r1 = it[3];
   const int64_t D = p.D;
@@ -1110,7 +1178,7 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   const int64_t cs = p.KVH * D;
   const int64_t* slots = p.slots + p.kv_off[b];
   const int nq = (int)(r1 - r0);
-  int dn[NDV];  // lanes of each 16-wide slice of D (0 for slices past D when NDV was rounded up)
+  int dn[NDV];
   for (int dv = 0; dv < NDV; ++dv) dn[dv] = (int)std::max<int64_t>(0, std::min<int64_t>(16, D - dv * 16));
   int64_t nk[ATT_RB], qoff[ATT_RB];
   float* sc[ATT_RB];
@@ -1123,29 +1191,20 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
     sc[q] = scratch + q * sc_stride;
     nk_max = std::max(nk_max, nk[q]);
   }
-  // scores: per block of 16 keys, every query of the item (the block's keys stay in L1)
+  thread_local std::vector<int64_t> koff_v;
+  if ((int64_t)koff_v.size() < nk_max + 16) koff_v.resize(nk_max + 16);
+  int64_t* koff = koff_v.data();
+  for (int64_t j = 0; j < nk_max; ++j) koff[j] = slots[j] * cs + g * D;  // same row offset for K and V
+  // scores: per block of 16 keys, every query of the item (the block's keys stay in L1), QS queries at a time
+  // sharing each key load. Lanes past a query's last visible key hold scores of keys it cannot see (or 0);
+  // they never reach its softmax.
   const V16 scale = vset1(p.scale);
-  int64_t koff[16];
+  constexpr int QS = AttQS<NDV>::v;
   for (int64_t j0 = 0; j0 < nk_max; j0 += 16) {
     const int nb = (int)std::min<int64_t>(16, nk_max - j0);
-    for (int jj = 0; jj < nb; ++jj) koff[jj] = slots[j0 + jj] * cs + g * D;
-    for (int q = 0; q < nq; ++q) {
-      if (j0 >= nk[q]) continue;
-      const int n = (int)std::min<int64_t>(16, nk[q] - j0);
-      V16 qv[NDV];
-      for (int dv = 0; dv < NDV; ++dv) qv[dv] = ld_n<false>(p.q, qoff[q] + dv * 16, dn[dv]);
-      V16 a[16];
-      for (int jj = 0; jj < 16; ++jj) {
-        if (jj < n) {
-          V16 s = vzero();
-          for (int dv = 0; dv < NDV; ++dv) s = vfma(qv[dv], ld_n<CBF>(p.kc, koff[jj] + dv * 16, dn[dv]), s);
-          a[jj] = s;
-        } else {
-          a[jj] = vzero();
-        }
-      }
-      vstore(sc[q] + j0, vmul(reduce16(a), scale));  // scratch rows have room for a full last block
-    }
+    int q0 = 0;
+    for (; q0 + QS <= nq; q0 += QS) att_scores<NDV, FULL, QS, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+    for (; q0 < nq; ++q0) att_scores<NDV, FULL, 1, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
   }
   // softmax numerators and their sums, per query
   for (int q = 0; q < nq; ++q) {
@@ -1168,50 +1227,43 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
     }
     lsum[q] = hsum(acc);
   }
-  // PV, QB queries at a time (their accumulators stay in registers)
-  constexpr int QB = NDV <= 3 ? 8 : (NDV == 4 ? 6 : (NDV <= 6 ? 4 : (NDV <= 8 ? 3 : (NDV <= 12 ? 2 : 1))));
-  thread_local std::vector<int64_t> voff;
-  if ((int64_t)voff.size() < nk_max) voff.resize(nk_max);
-  for (int64_t j = 0; j < nk_max; ++j) voff[j] = slots[j] * cs + g * D;
-  for (int q0 = 0; q0 < nq; q0 += QB) {
-    const int n = std::min(QB, nq - q0);
-    int64_t orow[QB];
-    for (int q = 0; q < n; ++q) orow[q] = qoff[q0 + q];
-    att_pv<NDV, QB, CBF, OBF>(p, dn, voff.data(), n, nk + q0, sc + q0, lsum + q0, orow);
-  }
+  // PV, QB queries at a time (their accumulators stay in registers), then pairs, then singles
+  constexpr int QB = AttQB<NDV>::v;
+  int q0 = 0;
+  for (; q0 + QB <= nq; q0 += QB) att_pv<NDV, FULL, QB, CBF>(p, dn, koff, nk + q0, sc + q0, lsum + q0, qoff + q0);
+  if (QB > 2)
+    for (; q0 + 2 <= nq; q0 += 2) att_pv<NDV, FULL, (QB > 2 ? 2 : 1), CBF>(p, dn, koff, nk + q0, sc + q0, lsum + q0, qoff + q0);
+  for (; q0 < nq; ++q0) att_pv<NDV, FULL, 1, CBF>(p, dn, koff, nk + q0, sc + q0, lsum + q0, qoff + q0);
 }
 
-template <int NDV>
+template <int NDV, bool FULL>
 static void attn_range(const AttnParams& p, int64_t i0, int64_t i1, float* sc) {
-  const int code = (p.ct << 1) | p.ot;
   const int64_t stride = ((std::max<int64_t>(p.max_kv, 1) + 15) / 16) * 16 + 16;
   for (int64_t it = i0; it < i1; ++it) {
-    const int32_t* item = p.items + 4 * it;
-    switch (code) {
-      case 0: attn_item<NDV, false, false>(p, item, sc, stride); break;
-      case 1: attn_item<NDV, false, true>(p, item, sc, stride); break;
-      case 2: attn_item<NDV, true, false>(p, item, sc, stride); break;
-      default: attn_item<NDV, true, true>(p, item, sc, stride); break;
-    }
+    if (p.ct == bi::BF16) attn_item<NDV, FULL, true>(p, p.items + 4 * it, sc, stride);
+    else attn_item<NDV, FULL, false>(p, p.items + 4 * it, sc, stride);
   }
 }
 
 static void attn_items(const AttnParams& p, int64_t i0, int64_t i1, float* sc) {
-  const int64_t ndv = (p.D + 15) / 16;
-  switch (ndv) {
-    case 1: return attn_range<1>(p, i0, i1, sc);
-    case 2: return attn_range<2>(p, i0, i1, sc);
-    case 3: return attn_range<3>(p, i0, i1, sc);
-    case 4: return attn_range<4>(p, i0, i1, sc);
-    case 5: return attn_range<5>(p, i0, i1, sc);
-    case 6: return attn_range<6>(p, i0, i1, sc);
-    case 7: return attn_range<7>(p, i0, i1, sc);
-    case 8: return attn_range<8>(p, i0, i1, sc);
-    case 9: case 10: case 11: case 12: return attn_range<12>(p, i0, i1, sc);
-    case 13: case 14: case 15: case 16: return attn_range<16>(p, i0, i1, sc);
-    case 17: case 18: case 19: case 20: case 21: case 22: case 23: case 24: return attn_range<24>(p, i0, i1, sc);
-    default: return attn_range<32>(p, i0, i1, sc);
+  // Slices of D past its end are zero and add exactly nothing (an fma chain from +0 never holds -0), so a
+  // rounded-up masked instantiation gives the same bits as an exact one: the fallbacks keep code small.
+#if BI_KERNEL_PASS == 1
+  if (p.D % 16 == 0) {
+    switch (p.D / 16) {
+      case 2: return attn_range<2, true>(p, i0, i1, sc);
+      case 4: return attn_range<4, true>(p, i0, i1, sc);
+      case 8: return attn_range<8, true>(p, i0, i1, sc);
+      case 16: return attn_range<16, true>(p, i0, i1, sc);
+      default: break;
+    }
   }
+#endif
+  const int64_t ndv = (p.D + 15) / 16;
+  if (ndv <= 4) return attn_range<4, false>(p, i0, i1, sc);
+  if (ndv <= 8) return attn_range<8, false>(p, i0, i1, sc);
+  if (ndv <= 16) return attn_range<16, false>(p, i0, i1, sc);
+  return attn_range<32, false>(p, i0, i1, sc);
 }
 
 static void selftest_reduce(const float* a, float* out) {

@@ -1,0 +1,461 @@
+"""Batch-invariant CPU kernels (plugins/invariant.py): bitwise row invariance, thread/ISA invariance, the
+k-split tree for tensor parallelism, and closeness to the torch references."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+bi = pytest.importorskip("dflash_trt.plugins.invariant")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _built():
+    bi.load()
+    threads = torch.get_num_threads()
+    yield
+    bi.set_isa("auto")
+    torch.set_num_threads(threads)
+
+
+def _isas() -> list[str]:
+    out = []
+    for name in ("avx512", "avx2", "scalar"):
+        try:
+            bi.set_isa(name)
+            out.append(name)
+        except RuntimeError:
+            pass
+    bi.set_isa("auto")
+    return out
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=_gen(seed)).to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.int16 if a.element_size() == 2
+                                                                          else torch.int32),
+                                                                   b.view(torch.int16 if b.element_size() == 2
+                                                                          else torch.int32))
+
+
+# ---- references -----------------------------------------------------------------------------------------------
+
+def hf_rms_norm(x, w, eps):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def paged_layout(lens: list[int], kvh: int, d: int, seed: int, dtype=torch.float32, block=16):
+    """Random block tables over one cache; returns caches, flat slots (per sequence concatenated), offsets."""
+    g = _gen(seed)
+    nblocks = sum((n + block - 1) // block for n in lens) + 3
+    perm = torch.randperm(nblocks, generator=g)
+    slots, offs, used = [], [], 0
+    for n in lens:
+        nb = (n + block - 1) // block
+        bt = perm[used:used + nb]
+        used += nb
+        offs.append(sum(len(s) for s in slots))
+        slots.append((bt[:, None] * block + torch.arange(block)).flatten()[:n])
+    s = nblocks * block
+    kc = torch.randn(s, kvh, d, generator=g).to(dtype)
+    vc = torch.randn(s, kvh, d, generator=g).to(dtype)
+    return kc, vc, torch.cat(slots), torch.tensor(offs)
+
+
+def attn(q, kc, vc, seqs, slots, offs, scale, causal=True):
+    """seqs: list of (q_start, q_len, kv_len)."""
+    qs = torch.tensor([s[0] for s in seqs], dtype=torch.int32)
+    ql = torch.tensor([s[1] for s in seqs], dtype=torch.int32)
+    kl = torch.tensor([s[2] for s in seqs], dtype=torch.int32)
+    return bi.paged_attention(q, kc, vc, qs, ql, kl, slots, offs, scale, causal)
+
+
+def sdpa_ref(q, kc, vc, seqs, slots, offs, scale, causal=True):
+    out = torch.zeros(q.shape, dtype=torch.float32)
+    for b, (q0, ql, kl) in enumerate(seqs):
+        sl = slots[int(offs[b]):int(offs[b]) + kl]
+        keys = kc[sl].float().transpose(0, 1)[None]
+        vals = vc[sl].float().transpose(0, 1)[None]
+        qq = q[q0:q0 + ql].float().transpose(0, 1)[None]
+        mask = None
+        if causal:
+            mask = torch.arange(kl)[None, :] <= torch.arange(kl - ql, kl)[:, None]
+        o = F.scaled_dot_product_attention(qq, keys, vals, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[q0:q0 + ql] = o[0].transpose(0, 1)
+    return out
+
+
+# ---- linear ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_linear_rows_bitwise_invariant(wdtype):
+    k, n = 576, 1536
+    w = _randn(n, k, seed=1)
+    b = _randn(n, seed=2)
+    pk = bi.pack_linear(w, wdtype)
+    x = _randn(64, k, seed=3)
+    full = bi.linear(x, pk, b)
+    for m in range(1, 65):
+        assert _same(bi.linear(x[:m], pk, b), full[:m]), m
+    for start, m in [(5, 1), (13, 7), (30, 16), (47, 17), (63, 1), (1, 50)]:
+        assert _same(bi.linear(x[start:start + m], pk, b), full[start:start + m]), (start, m)
+    # one row at every position of a batch of unrelated rows
+    row = x[7:8]
+    alone = bi.linear(row, pk, b)
+    others = _randn(24, k, seed=4)
+    for pos in range(0, 25, 3):
+        batch = torch.cat([others[:pos], row, others[pos:]])
+        assert _same(bi.linear(batch, pk, b)[pos:pos + 1], alone), pos
+    # a strided view of x gives the same rows
+    wide = torch.cat([x, _randn(64, 8, seed=5)], dim=1)[:, :k]
+    assert _same(bi.linear(wide, pk, b), full)
+
+
+@pytest.mark.parametrize("k,n,m", [(576, 1536, 5), (1536, 576, 3), (576, 49152, 1), (100, 1000, 9), (33, 5, 2),
+                                   (576, 192, 33), (7, 64, 1)])
+def test_linear_close_to_torch(k, n, m):
+    w = _randn(n, k, seed=10)
+    b = _randn(n, seed=11)
+    x = _randn(m, k, seed=12)
+    pk = bi.pack_linear(w)
+    ref = F.linear(x.double(), w.double(), b.double()).float()
+    tol = 4e-6 * math.sqrt(k) * 4
+    torch.testing.assert_close(bi.linear(x, pk, b), ref, rtol=1e-5, atol=tol)
+    torch.testing.assert_close(bi.linear(x, pk), ref - b, rtol=1e-5, atol=tol)
+    if n > 10000:  # the lm_head shape: one row alone and inside a batch
+        x5 = torch.cat([x, _randn(4, k, seed=13)])
+        assert _same(bi.linear(x5, pk)[:1], bi.linear(x, pk))
+
+
+def test_linear_bf16():
+    k, n = 576, 1536
+    w = _randn(n, k, seed=20, dtype=torch.bfloat16)
+    pk = bi.pack_linear(w)
+    assert pk.dtype == torch.bfloat16 and pk.nbytes() == n * k * 2
+    x = _randn(8, k, seed=21)
+    ref = F.linear(x.double(), w.double()).float()
+    torch.testing.assert_close(bi.linear(x, pk), ref, rtol=1e-5, atol=1e-4)
+    # bf16 activations: fp32 accumulation, one rounding at the end
+    xb = x.to(torch.bfloat16)
+    y = bi.linear(xb, pk, _randn(n, seed=22, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+    yref = (F.linear(xb.double(), w.double()) + _randn(n, seed=22, dtype=torch.bfloat16).double()).to(torch.bfloat16)
+    torch.testing.assert_close(y.float(), yref.float(), rtol=1e-2, atol=1e-2)
+    for m in (1, 3, 8):
+        assert _same(bi.linear(xb[:m], pk), bi.linear(xb, pk)[:m])
+    # bf16 packing of a float32 weight == fp32 packing of the bf16-rounded weight (exact widening)
+    w32 = _randn(n, k, seed=23)
+    assert _same(bi.linear(x, bi.pack_linear(w32, torch.bfloat16)),
+                 bi.linear(x, bi.pack_linear(w32.to(torch.bfloat16).float())))
+    # leading dims
+    x3 = x.view(2, 4, k)
+    assert _same(bi.linear(x3, pk).view(8, n), bi.linear(x, pk))
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_k_splits_partial_tree_sum(wdtype):
+    k, n = 576, 1536
+    w = _randn(n, k, seed=30)
+    b = _randn(n, seed=31)
+    x = _randn(11, k, seed=32)
+    pk = bi.pack_linear(w, wdtype)
+    ref = F.linear(x.double(), w.to(wdtype).double(), b.double()).float()
+    for ks in (1, 2, 4, 8):
+        y = bi.linear(x, pk, b, k_splits=ks)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
+        for m in (1, 2, 5):
+            assert _same(bi.linear(x[:m], pk, b, k_splits=ks), y[:m])
+        for tp in (t for t in (1, 2, 4, 8) if ks % t == 0):
+            per = ks // tp
+            parts = [bi.linear_partial(x, pk, r * per, (r + 1) * per, ks) for r in range(tp)]
+            assert all(p.dtype == torch.float32 for p in parts)
+            assert _same(bi.tree_sum(parts, b, x.dtype), y), (ks, tp)
+            # a TP rank that only holds its K slice of x and of the weight
+            ck = k // tp
+            slices = [bi.linear_partial(x[:, r * ck:(r + 1) * ck],
+                                        bi.pack_linear(w[:, r * ck:(r + 1) * ck], wdtype), 0, per, per)
+                      for r in range(tp)]
+            assert _same(bi.tree_sum(slices, b, x.dtype), y), (ks, tp)
+            # x holding only the chunks' columns, full packed weight
+            xs = [bi.linear_partial(x[:, r * ck:(r + 1) * ck], pk, r * per, (r + 1) * per, ks) for r in range(tp)]
+            assert _same(bi.tree_sum(xs, b, x.dtype), y)
+            # and a rank's own partial equals the linear of its slice with k_splits // tp
+            s0 = bi.linear(x[:, :ck], bi.pack_linear(w[:, :ck], wdtype), k_splits=per)
+            assert _same(s0, parts[0])
+    # bf16 activations through the tree as well
+    xb = x.to(torch.bfloat16)
+    yb = bi.linear(xb, pk, b, k_splits=4)
+    parts = [bi.linear_partial(xb, pk, 2 * r, 2 * r + 2, 4) for r in range(2)]
+    assert _same(bi.tree_sum(parts, b, torch.bfloat16), yb)
+    with pytest.raises(RuntimeError):
+        bi.linear(x[:, :575], bi.pack_linear(w[:, :575]), k_splits=2)
+    with pytest.raises(RuntimeError):
+        bi.linear_partial(x, pk, 1, 3, 4)  # not aligned
+
+
+def test_linear_odd_k_and_n():
+    k, n = 101, 77
+    w = _randn(n, k, seed=40)
+    x = _randn(19, k, seed=41)
+    pk = bi.pack_linear(w)
+    torch.testing.assert_close(bi.linear(x, pk), F.linear(x.double(), w.double()).float(), rtol=1e-5, atol=1e-4)
+    full = bi.linear(x, pk)
+    for m in range(1, 20):
+        assert _same(bi.linear(x[m - 1:m], pk), full[m - 1:m])
+
+
+# ---- threads and ISAs ---------------------------------------------------------------------------------------------
+
+def _everything(seed=50):
+    """One call of every kernel on shapes that hit tails; returns the outputs."""
+    k, n = 576, 1536
+    w = _randn(n, k, seed=seed)
+    b = _randn(n, seed=seed + 1)
+    x = _randn(37, k, seed=seed + 2)
+    out = []
+    for wd in (torch.float32, torch.bfloat16):
+        pk = bi.pack_linear(w, wd)
+        out += [bi.linear(x, pk, b), bi.linear(x[:1], pk), bi.linear(x, pk, k_splits=8),
+                bi.linear_partial(x, pk, 2, 4, 4), bi.linear(x.to(torch.bfloat16), pk, b)]
+    out.append(bi.linear(_randn(5, 101, seed=seed + 3), bi.pack_linear(_randn(77, 101, seed=seed + 4))))
+    out.append(bi.linear(_randn(5, 101, seed=seed + 3, dtype=torch.bfloat16),
+                         bi.pack_linear(_randn(77, 101, seed=seed + 4), torch.bfloat16), _randn(77, seed=seed + 5)))
+    h = _randn(33, 576, seed=seed + 5)
+    hw = _randn(576, seed=seed + 6)
+    out += [bi.rms_norm(h, hw, 1e-5), bi.rms_norm(h.to(torch.bfloat16), hw.to(torch.bfloat16), 1e-6),
+            bi.rms_norm(h[:, :100], hw[:100], 1e-5)]
+    out += list(bi.add_rms_norm(h, _randn(33, 576, seed=seed + 7), hw, 1e-5))
+    g, u = _randn(9, 1539, seed=seed + 8) * 4, _randn(9, 1539, seed=seed + 9)
+    out += [bi.silu_mul(g, u), bi.silu_mul(g.to(torch.bfloat16), u.to(torch.bfloat16))]
+    kc, vc, slots, offs = paged_layout([40, 300, 17], 3, 64, seed + 10)
+    q = _randn(1 + 16 + 17, 9, 64, seed=seed + 11)
+    seqs = [(0, 1, 40), (1, 16, 300), (17, 17, 17)]
+    out += [attn(q, kc, vc, seqs, slots, offs, 0.125), attn(q, kc, vc, seqs, slots, offs, 0.125, causal=False)]
+    kc2, vc2, slots2, offs2 = paged_layout([50], 2, 72, seed + 12, torch.bfloat16)
+    out.append(attn(_randn(5, 4, 72, seed=seed + 13), kc2, vc2, [(0, 5, 50)], slots2, offs2, 72 ** -0.5))
+    kc3, vc3, slots3, offs3 = paged_layout([33], 1, 32, seed + 14)
+    out.append(attn(_randn(17, 2, 32, seed=seed + 15), kc3, vc3, [(0, 17, 33)], slots3, offs3, 32 ** -0.5))
+    return out
+
+
+def test_thread_count_invariance():
+    torch.set_num_threads(1)
+    one = _everything()
+    torch.set_num_threads(2)
+    two = _everything()
+    for i, (a, b) in enumerate(zip(one, two)):
+        assert _same(a, b), i
+    # more threads than cores still only splits tiles
+    torch.set_num_threads(3)
+    three = _everything()
+    for i, (a, b) in enumerate(zip(one, three)):
+        assert _same(a, b), i
+    torch.set_num_threads(2)
+
+
+def test_flush_denormal_reaches_worker_threads():
+    """torch.set_flush_denormal only sets the calling thread's MXCSR; workers must compute like it."""
+    k, n = 64, 4096
+    w = _randn(n, k, seed=55) * 1e-20
+    x = _randn(4, k, seed=56) * 1e-21  # products ~1e-41: denormal
+    pk = bi.pack_linear(w)
+    if not torch.set_flush_denormal(True):
+        pytest.skip("no flush-denormal on this CPU")
+    try:
+        torch.set_num_threads(1)
+        one = bi.linear(x, pk)
+        torch.set_num_threads(2)
+        two = bi.linear(x, pk)
+    finally:
+        torch.set_flush_denormal(False)
+    assert _same(one, two)
+    assert torch.count_nonzero(one) == 0  # flushed
+    assert torch.count_nonzero(bi.linear(x, pk)) > 0  # and kept without flushing
+
+
+def test_isa_paths_bitwise_equal():
+    isas = _isas()
+    if len(isas) < 2:
+        pytest.skip("only one code path on this CPU")
+    results = {}
+    for name in isas:
+        assert bi.set_isa(name) == name
+        results[name] = _everything(seed=60)
+    bi.set_isa("auto")
+    base = results[isas[0]]
+    for name in isas[1:]:
+        for i, (a, b) in enumerate(zip(base, results[name])):
+            assert _same(a, b), (name, i)
+
+
+def test_horizontal_tree():
+    a = _randn(16, 16, seed=70)
+    r8 = a[:, :8] + a[:, 8:]
+    r4 = r8[:, :4] + r8[:, 4:]
+    r2 = r4[:, :2] + r4[:, 2:]
+    ref = r2[:, 0] + r2[:, 1]
+    for name in _isas():
+        bi.set_isa(name)
+        assert _same(torch.ops.dflash_trt.bi_selftest_reduce(a.flatten()), ref), name
+    bi.set_isa("auto")
+
+
+# ---- rms norm / silu ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("h", [576, 100, 7])
+def test_rms_norm(h):
+    x = _randn(64, h, seed=80) * 3
+    w = _randn(h, seed=81)
+    y = bi.rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(y, hf_rms_norm(x, w, 1e-5), rtol=1e-5, atol=1e-5)
+    for m in range(1, 65, 7):
+        assert _same(bi.rms_norm(x[m - 1:m + 3], w, 1e-5), y[m - 1:m + 3])
+    xb, wb = x.to(torch.bfloat16), w.to(torch.bfloat16)
+    yb = bi.rms_norm(xb, wb, 1e-6)
+    assert yb.dtype == torch.bfloat16
+    torch.testing.assert_close(yb.float(), hf_rms_norm(xb, wb, 1e-6).float(), rtol=1.6e-2, atol=1e-2)
+    # fp32 weight with bf16 activations: promoted output like HF
+    torch.testing.assert_close(bi.rms_norm(xb, w, 1e-6), hf_rms_norm(xb, w, 1e-6), rtol=1e-2, atol=1e-2)
+    # 3-d input
+    assert _same(bi.rms_norm(x.view(8, 8, h), w, 1e-5).view(64, h), y)
+
+
+def test_add_rms_norm():
+    x, r = _randn(20, 576, seed=90), _randn(20, 576, seed=91)
+    w = _randn(576, seed=92)
+    y, s = bi.add_rms_norm(x, r, w, 1e-5)
+    assert _same(s, x + r)
+    assert _same(y, bi.rms_norm(x + r, w, 1e-5))
+    xb, rb, wb = x.to(torch.bfloat16), r.to(torch.bfloat16), w.to(torch.bfloat16)
+    y, s = bi.add_rms_norm(xb, rb, wb, 1e-5)
+    assert _same(s, xb + rb)
+    assert _same(y, bi.rms_norm(xb + rb, wb, 1e-5))
+    assert _same(bi.add_rms_norm(x[3:4], r[3:4], w, 1e-5)[0], bi.add_rms_norm(x, r, w, 1e-5)[0][3:4])
+
+
+def test_silu_mul():
+    g, u = _randn(12, 1539, seed=100) * 5, _randn(12, 1539, seed=101)
+    y = bi.silu_mul(g, u)
+    torch.testing.assert_close(y, F.silu(g) * u, rtol=1e-5, atol=1e-6)
+    # every element takes the same path: tails at any column give the same bits
+    for c in (1, 15, 16, 17, 100, 1538):
+        assert _same(bi.silu_mul(g[:, :c].contiguous(), u[:, :c].contiguous()), y[:, :c]), c
+        assert _same(bi.silu_mul(g[:, -c:].contiguous(), u[:, -c:].contiguous()), y[:, -c:]), c
+    assert _same(bi.silu_mul(g[4:5], u[4:5]), y[4:5])
+    # halves of a fused gate_up output (strided views)
+    gu = torch.cat([g, u], dim=1)
+    assert _same(bi.silu_mul(gu[:, :1539], gu[:, 1539:]), y)
+    gb, ub = g.to(torch.bfloat16), u.to(torch.bfloat16)
+    torch.testing.assert_close(bi.silu_mul(gb, ub).float(), (F.silu(gb) * ub).float(), rtol=1.6e-2, atol=1e-2)
+    # extremes stay finite and signed like torch
+    ex = torch.tensor([[-200.0, -90.0, -1e-30, 0.0, 1e-30, 90.0, 200.0]])
+    torch.testing.assert_close(bi.silu_mul(ex, torch.ones_like(ex)), F.silu(ex), rtol=1e-6, atol=1e-30)
+
+
+# ---- attention --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (4, 2, 128), (4, 4, 72)])
+def test_attention_close_to_sdpa(h, kvh, d):
+    lens = [(1, 37), (16, 300), (40, 40), (5, 1025)]
+    kc, vc, slots, offs = paged_layout([kl for _, kl in lens], kvh, d, seed=110)
+    seqs, t = [], 0
+    for ql, kl in lens:
+        seqs.append((t, ql, kl))
+        t += ql
+    q = _randn(t, h, d, seed=111)
+    scale = d ** -0.5
+    for causal in (True, False):
+        out = attn(q, kc, vc, seqs, slots, offs, scale, causal)
+        torch.testing.assert_close(out, sdpa_ref(q, kc, vc, seqs, slots, offs, scale, causal), rtol=1e-5,
+                                   atol=2e-6)
+    # bf16 caches and queries
+    kb, vb, qb = kc.to(torch.bfloat16), vc.to(torch.bfloat16), q.to(torch.bfloat16)
+    out = attn(qb, kb, vb, seqs, slots, offs, scale)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), sdpa_ref(qb, kb, vb, seqs, slots, offs, scale).float(), rtol=1e-2,
+                               atol=1e-2)
+    # [blocks, block_size, KVH, D] caches are accepted as they are
+    out4 = attn(q, kc.view(-1, 16, kvh, d), vc.view(-1, 16, kvh, d), seqs, slots, offs, scale)
+    assert _same(out4, attn(q, kc, vc, seqs, slots, offs, scale))
+
+
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (4, 2, 128)])
+def test_attention_row_invariance(h, kvh, d):
+    """One query row: alone (decode), inside its prefill chunk, inside a 16-row verify block, and packed with
+    other sequences, all bitwise equal."""
+    L = 333
+    kc, vc, slots, offs = paged_layout([L, 90, 200], kvh, d, seed=120)
+    qall = _randn(L, h, d, seed=121)  # the query of every position of sequence 0
+    scale = d ** -0.5
+    # whole sequence as one prefill chunk
+    prefill = attn(qall, kc, vc, [(0, L, L)], slots, offs[:1], scale)
+    # a prefill chunk of the last 100 rows
+    chunk = attn(qall[L - 100:], kc, vc, [(0, 100, L)], slots, offs[:1], scale)
+    assert _same(chunk, prefill[L - 100:])
+    for pos in (0, 1, 15, 16, 17, 200, L - 16, L - 1):
+        alone = attn(qall[pos:pos + 1], kc, vc, [(0, 1, pos + 1)], slots, offs[:1], scale)
+        assert _same(alone, prefill[pos:pos + 1]), pos
+    # verify blocks of 16 rows ending at several lengths
+    for end in (16, 17, 100, L):
+        blk = attn(qall[end - 16:end], kc, vc, [(0, 16, end)], slots, offs[:1], scale)
+        assert _same(blk, prefill[end - 16:end]), end
+    # packed with other sequences (other sequence first, ours second, another after)
+    other_q = _randn(7 + 12, h, d, seed=122)
+    q = torch.cat([other_q[:7], qall[L - 16:], other_q[7:]])
+    seqs = [(0, 7, 90), (7, 16, L), (23, 12, 200)]
+    offs3 = torch.tensor([int(offs[1]), 0, int(offs[2])])
+    out = attn(q, kc, vc, seqs, slots, offs3, scale)
+    assert _same(out[7:23], prefill[L - 16:])
+    # rows of the other sequences equal their own solo computation
+    solo = attn(other_q[:7], kc, vc, [(0, 7, 90)], slots, offs[1:2], scale)
+    assert _same(out[:7], solo)
+
+
+def test_attention_edge_cases():
+    kc, vc, slots, offs = paged_layout([20], 1, 64, seed=130)
+    q = _randn(3, 2, 64, seed=131)
+    # a row that belongs to no sequence is 0
+    out = attn(q, kc, vc, [(0, 2, 20)], slots, offs, 0.1)
+    assert torch.count_nonzero(out[2]) == 0
+    # one key: output is that value row
+    out = attn(q[:1], kc, vc, [(0, 1, 1)], slots, offs, 0.1)
+    assert torch.allclose(out[0], vc[slots[0]].expand(2, 64), atol=1e-6)
+    with pytest.raises(RuntimeError):
+        attn(q, kc, vc, [(0, 3, 2)], slots, offs, 0.1)  # q_len > kv_len
+
+
+# ---- tracing ----------------------------------------------------------------------------------------------------
+
+def test_torch_compile_traces_ops():
+    k, n = 64, 96
+    pk = bi.pack_linear(_randn(n, k, seed=140))
+    w = _randn(k, seed=141)
+
+    def f(x, gate, up):
+        return bi.silu_mul(gate, up), bi.linear(bi.rms_norm(x, w, 1e-5), pk)
+
+    x, g, u = _randn(3, k, seed=142), _randn(3, 10, seed=143), _randn(3, 10, seed=144)
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+    a, b = cf(x, g, u)
+    ea, eb = f(x, g, u)
+    assert _same(a, ea) and _same(b, eb)
+    kc, vc, slots, offs = paged_layout([20], 1, 64, seed=145)
+    q = _randn(4, 2, 64, seed=146)
+    args = (torch.tensor([0]), torch.tensor([4]), torch.tensor([20]), slots, offs, 0.125, True)
+    torch.library.opcheck(torch.ops.dflash_trt.bi_paged_attention.default, (q, kc, vc) + args,
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.dflash_trt.bi_linear.default, (x, pk.data, n, None, 2),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.dflash_trt.bi_add_rms_norm.default, (x, x, w, 1e-5),
+                          test_utils=("test_schema", "test_faketensor"))
