@@ -52,11 +52,23 @@ echo "cuobjdump: $CUOBJDUMP"
 GENCODE=()
 for a in "${ARCHS[@]}"; do GENCODE+=(-gencode "arch=compute_${a#sm_},code=$a"); done
 
+# a stamp of the inputs: an OUTDIR that already holds their checked object is not rebuilt
+STAMP="$(cat "$CSRC"/dflash_ops*.cu "$CSRC"/dflash_ops*.cuh "$CSRC"/dflash_ops*.h "$CSRC"/dflash_ops_cuda_glue.cpp \
+  "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)-$("$NVCC" --version | tail -1 | tr -dc 'A-Za-z0-9._')"
+FRESH=0
+[ -f "$OUT/dflash_ops_cuda.o" ] && [ "$(cat "$OUT/stamp" 2>/dev/null)" = "$STAMP" ] && FRESH=1
+
 # the torch glue, in the background while nvcc runs (syntax only: a CPU torch cannot link CUDA code)
 GLUE_PID=""
-if "$PY" -c "import torch" >/dev/null 2>&1; then
-  INCS="$("$PY" -c "from torch.utils.cpp_extension import include_paths; print(' '.join('-I' + p for p in include_paths()))")"
-  CUDA_INC="$(dirname "$(dirname "$(readlink -f "$NVCC")")")/include"
+if [ "$FRESH" = 1 ]; then
+  echo "glue: checked with these sources before"
+elif "$PY" -c "import torch" >/dev/null 2>&1; then
+  INCS="$("$PY" -c "from torch.utils.cpp_extension import include_paths as p; print(' '.join('-I' + i for i in p()))")"
+  CUDA_INC=""
+  NVCC_ROOT="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+  for d in "${CUDA_HOME:-}/include" "$NVCC_ROOT/include" /usr/local/cuda/include; do
+    [ -f "$d/cuda_runtime.h" ] && { CUDA_INC="$d"; break; }
+  done
   # shellcheck disable=SC2086
   ( ${CXX:-g++} -std=c++20 -fsyntax-only $INCS -I"$CUDA_INC" -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE \
       "$CSRC/dflash_ops_cuda_glue.cpp" >"$OUT/glue.log" 2>&1 ) &
@@ -65,17 +77,27 @@ fi
 
 OBJ="$OUT/dflash_ops_cuda.o"
 start=$(date +%s)
-if ! "$NVCC" -c -O3 -std=c++17 "${GENCODE[@]}" -Xptxas -warn-spills -o "$OBJ" "$CSRC/dflash_ops_cuda.cu" \
-    >"$OUT/nvcc.log" 2>&1; then
-  cat "$OUT/nvcc.log"; echo "nvcc failed"; [ -n "$GLUE_PID" ] && wait "$GLUE_PID"; exit 1
+if [ -f "$OBJ" ] && [ "$(cat "$OUT/stamp" 2>/dev/null)" = "$STAMP" ]; then
+  echo "nvcc: $(basename "$OBJ") is up to date for these sources (delete $OUT/stamp to rebuild)"
+else
+  rm -f "$OUT/stamp"
+  if ! "$NVCC" -c -O3 -std=c++17 "${GENCODE[@]}" --threads 2 -Xptxas -warn-spills -o "$OBJ" \
+      "$CSRC/dflash_ops_cuda.cu" >"$OUT/nvcc.log" 2>&1; then
+    cat "$OUT/nvcc.log"; echo "nvcc failed"; [ -n "$GLUE_PID" ] && wait "$GLUE_PID"; exit 1
+  fi
+  echo "nvcc: compiled $(basename "$OBJ") for ${ARCHS[*]} in $(( $(date +%s) - start )) s"
+  grep -i "spill\|warning" "$OUT/nvcc.log" || true
 fi
-echo "nvcc: compiled $(basename "$OBJ") for ${ARCHS[*]} in $(( $(date +%s) - start )) s"
-grep -i "spill\|warning" "$OUT/nvcc.log" || true
 
 status=0
-if [ -n "$GLUE_PID" ]; then
-  if wait "$GLUE_PID"; then echo "glue: dflash_ops_cuda_glue.cpp compiles against torch $("$PY" -c 'import torch; print(torch.__version__)') headers"
-  else cat "$OUT/glue.log"; echo "glue: compile failed"; status=1; fi
+if [ "$FRESH" = 1 ]; then
+  :
+elif [ -n "$GLUE_PID" ]; then
+  if wait "$GLUE_PID"; then
+    echo "glue: dflash_ops_cuda_glue.cpp compiles against torch $("$PY" -c 'import torch; print(torch.__version__)') headers"
+  else
+    cat "$OUT/glue.log"; echo "glue: compile failed"; status=1
+  fi
 else
   echo "glue: skipped (torch is not importable)"
 fi
@@ -84,11 +106,13 @@ fi
 PATH="$(dirname "$NVDISASM"):$PATH" "$CUOBJDUMP" -sass "$OBJ" >"$OUT/sass.txt" 2>&1 || {
   cat "$OUT/sass.txt"; echo "cuobjdump -sass failed"; exit 1; }
 # kernels per arch: "arch = sm_XX" opens a cubin, "Function : name" a kernel
-awk '/arch = /{arch=$3} /Function :/{n[arch]++} END{for (a in n) print a, n[a]}' "$OUT/sass.txt" | sort >"$OUT/counts.txt"
+awk '/arch = /{arch=$3} /Function :/{n[arch]++} END{for (a in n) print a, n[a]}' "$OUT/sass.txt" \
+  | sort >"$OUT/counts.txt"
 expected=""
 for a in "${ARCHS[@]}"; do
   n="$(awk -v a="$a" '$1==a{print $2}' "$OUT/counts.txt")"
-  instr="$(awk -v a="$a" '/arch = /{on=($3==a)} on && /\/\*[0-9a-f][0-9a-f][0-9a-f][0-9a-f]\*\//{c++} END{print c+0}' "$OUT/sass.txt")"
+  instr="$(awk -v a="$a" '/arch = /{on=($3==a)} on && /\/\*[0-9a-f][0-9a-f][0-9a-f][0-9a-f]\*\//{c++}
+    END{print c+0}' "$OUT/sass.txt")"
   if [ -z "$n" ] || [ "$n" -eq 0 ]; then
     echo "SASS $a: MISSING"; status=1
   elif [ -n "$expected" ] && [ "$n" != "$expected" ]; then
@@ -101,4 +125,5 @@ for a in "${ARCHS[@]}"; do
   fi
 done
 echo "objects and listings in $OUT"
+[ "$status" = 0 ] && echo "$STAMP" >"$OUT/stamp"
 exit $status

@@ -13,12 +13,15 @@ Ragged batches: R requests, request r has K_r = draft_lens[r] drafts (drafts is 
 the K_r + 1 logits rows row_offsets[r] .. row_offsets[r] + K_r (row j is the target's verify row j: its
 choice is the token at position starts[r] + j + 1). Index outputs are int64, padded with -1.
 
-Device notes: the CPU kernels equal plugins/reference.py exactly (context_append: to the last ulp of the
-float32 mean of squares, see the tests). The CUDA sampler computes the same float64 distribution with a
-different summation order (parallel reductions, a threshold search instead of a sort), so a token can differ
-from the CPU one only when u * total lands within a few float64 ulps of a CDF step or the top-p mass lands
-within a few ulps of top_p; ties between equal top-p candidates are broken by index as the CPU stable sort
-does. It is deterministic run to run.
+Device notes: the CPU kernels equal plugins/reference.py exactly, token for token (context_append: up to a
+rare last-ulp difference from the summation order of the float32 mean of squares). The CUDA sampler computes
+the same float64 distribution with another summation order (parallel reductions, a threshold search over the
+logits instead of a sort), so its token can differ from the CPU one only (a) when u * total or the top-p mass
+lands within float64 rounding of a step, or (b) on ties at the top-p cut: when only some of several equal
+probabilities are kept, the kernel keeps the lowest token ids while the CPU (torch.sort, not stable) keeps an
+implementation-defined subset. Both are deterministic run to run and independent of the rest of the batch.
+CUDA sampling takes float32/float16/bfloat16 logits (greedy also float64); NaN logits are undefined there.
+Without a GPU, `python -m dflash_trt.plugins.gpu_check --emulate` checks the CUDA kernels' logic on the CPU.
 """
 from __future__ import annotations
 

@@ -47,9 +47,12 @@ def uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return bits53.to(torch.float64) * (2.0 ** -53)
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float,
+                   stable: bool = False) -> torch.Tensor:
     """Temperature, then top-k (ties with the k-th value kept), then top-p (smallest prefix of the sorted
-    distribution whose mass reaches top_p), float64, rows sum to 1."""
+    distribution whose mass reaches top_p), float64, rows sum to 1. Equal probabilities at the top-p cut are
+    ordered by torch's (unstable) sort, as dflash_trt.sampling does; stable=True orders them by index, as the
+    CUDA kernel does."""
     scores = logits.double() / temperature
     vocab = scores.shape[-1]
     if 0 < top_k < vocab:
@@ -57,7 +60,7 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
         scores = scores.masked_fill(scores < kth, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     if top_p < 1.0:
-        sp, order = probs.sort(dim=-1, descending=True)
+        sp, order = probs.sort(dim=-1, descending=True, stable=True) if stable else probs.sort(dim=-1, descending=True)
         keep = (sp.cumsum(-1) - sp) < top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sp * keep)
         probs = probs / probs.sum(-1, keepdim=True)
@@ -65,12 +68,12 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
 
 
 def sample_one(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float, seed: int,
-               position: int, u: float | None = None) -> int:
+               position: int, u: float | None = None, stable: bool = False) -> int:
     """The token at absolute `position` drawn from one row of logits (argmax when temperature == 0).
-    u: the row's uniform when already computed (uniforms() batches well)."""
+    u: the row's uniform when already computed (uniforms() batches well); stable: see filtered_probs."""
     if temperature == 0:
         return int(torch.argmax(logits_row))
-    probs = filtered_probs(logits_row[None], temperature, top_k, top_p)[0]
+    probs = filtered_probs(logits_row[None], temperature, top_k, top_p, stable)[0]
     if u is None:
         u = float(uniforms(torch.tensor([seed]), torch.tensor([position]))[0])
     cdf = probs.cumsum(0)

@@ -62,44 +62,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> prepare_draft_blocks_cpu(
 }
 
 // ------------------------------------------------------------------------------------------ verify
-// torch.argmax semantics: NaN beats everything, ties go to the lowest index.
-template <typename T>
-int64_t argmax_row(const T* x, int64_t v) {
-  float best = static_cast<float>(x[0]);
-  int64_t at = 0;
-  if (std::isnan(best)) return 0;
-  for (int64_t j = 1; j < v; ++j) {
-    const float y = static_cast<float>(x[j]);
-    if (std::isnan(y)) return j;
-    if (y > best) { best = y; at = j; }
-  }
-  return at;
-}
-
-template <>
-int64_t argmax_row<double>(const double* x, int64_t v) {
-  double best = x[0];
-  int64_t at = 0;
-  if (std::isnan(best)) return 0;
-  for (int64_t j = 1; j < v; ++j) {
-    if (std::isnan(x[j])) return j;
-    if (x[j] > best) { best = x[j]; at = j; }
-  }
-  return at;
-}
-
-// argmax of rows [lo, hi) where want(i), into out[i]
-template <typename Want>
-void argmax_rows(const Tensor& logits, int64_t* out, Want want) {
-  const int64_t n = logits.size(0), v = logits.size(1), stride = logits.stride(0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "dflash_argmax", [&] {
-    const scalar_t* base = logits.data_ptr<scalar_t>();
-    at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i)
-        if (want(i)) out[i] = argmax_row<scalar_t>(base + i * stride, v);
-    });
-  });
-}
+// torch.argmax itself: NaN beats everything, ties go to the lowest index, vectorised over the row.
+Tensor argmax_rows(const Tensor& logits) { return at::argmax(logits, -1).to(at::kLong); }
 
 Tensor rows_view(const Tensor& logits) { return logits.stride(1) == 1 ? logits : logits.contiguous(); }
 
@@ -146,8 +110,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> greedy_verify_cpu(const Tensor& draft
   check_verify(drafts, draft_lens, logits, row_offsets);
   const Tensor lg = rows_view(logits);
   const Requests q = check_requests(drafts, draft_lens, row_offsets, lg.size(0));
-  Tensor choice = at::empty({lg.size(0)}, q.drafts.options());
-  argmax_rows(lg, choice.data_ptr<int64_t>(), [](int64_t) { return true; });
+  Tensor choice = argmax_rows(lg).contiguous();
   auto [accepted, committed, count] = accept(q, choice.data_ptr<int64_t>());
   return {choice, accepted, committed, count};
 }
@@ -214,10 +177,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sampling_verify_cpu(
   for (int64_t r = 0; r < q.r_n; ++r)
     for (int64_t j = 0; j <= len[r]; ++j)
       if (owner[off[r] + j] < 0) { owner[off[r] + j] = r; jrow[off[r] + j] = j; }
-  Tensor choice = at::empty({n}, q.drafts.options());
+  Tensor choice = argmax_rows(lg).contiguous();  // greedy and unowned rows keep their argmax
   int64_t* pc = choice.data_ptr<int64_t>();
   auto sampled = [&](int64_t i) { return owner[i] >= 0 && ptemp[owner[i]] != 0.0; };
-  argmax_rows(lg, pc, [&](int64_t i) { return !sampled(i); });
   // Sampled rows run one after another: the ATen reductions inside then split work across threads exactly as
   // they do when the Python reference calls them.
   for (int64_t i = 0; i < n; ++i) {
@@ -305,16 +267,10 @@ void context_append_cpu(const Tensor& k, const Tensor& v, const Tensor& k_norm_w
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
-  m.def("dflash_prepare_draft_blocks(Tensor last_tokens, Tensor starts, Tensor block_tables, int block_size, "
-        "int mask_token_id, int page_size, int num_ctx_slots) -> (Tensor block_ids, Tensor positions, "
-        "Tensor ctx_slots, Tensor ctx_offsets)");
-  m.def("dflash_greedy_verify(Tensor drafts, Tensor draft_lens, Tensor logits, Tensor row_offsets) -> "
-        "(Tensor argmax, Tensor accepted, Tensor committed, Tensor num_committed)");
-  m.def("dflash_sampling_verify(Tensor drafts, Tensor draft_lens, Tensor logits, Tensor row_offsets, "
-        "Tensor starts, Tensor seeds, Tensor temperature, Tensor top_k, Tensor top_p) -> "
-        "(Tensor sampled, Tensor accepted, Tensor committed, Tensor num_committed)");
-  m.def("dflash_context_append(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos, Tensor sin, Tensor slots, "
-        "Tensor(a!) k_cache, Tensor(b!) v_cache, float eps) -> ()");
+  m.def(kSchemaPrepare);
+  m.def(kSchemaGreedy);
+  m.def(kSchemaSampling);
+  m.def(kSchemaAppend);
 }
 
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {

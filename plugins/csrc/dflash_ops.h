@@ -6,6 +6,22 @@
 
 namespace dflash {
 
+// Op schemas (namespace dflash_trt; also used by the CPU emulation of the CUDA kernels, see gpu_check.py).
+constexpr const char* kSchemaPrepare =
+    "dflash_prepare_draft_blocks(Tensor last_tokens, Tensor starts, Tensor block_tables, int block_size, "
+    "int mask_token_id, int page_size, int num_ctx_slots) -> (Tensor block_ids, Tensor positions, "
+    "Tensor ctx_slots, Tensor ctx_offsets)";
+constexpr const char* kSchemaGreedy =
+    "dflash_greedy_verify(Tensor drafts, Tensor draft_lens, Tensor logits, Tensor row_offsets) -> "
+    "(Tensor argmax, Tensor accepted, Tensor committed, Tensor num_committed)";
+constexpr const char* kSchemaSampling =
+    "dflash_sampling_verify(Tensor drafts, Tensor draft_lens, Tensor logits, Tensor row_offsets, "
+    "Tensor starts, Tensor seeds, Tensor temperature, Tensor top_k, Tensor top_p) -> "
+    "(Tensor sampled, Tensor accepted, Tensor committed, Tensor num_committed)";
+constexpr const char* kSchemaAppend =
+    "dflash_context_append(Tensor k, Tensor v, Tensor k_norm_weight, Tensor cos, Tensor sin, Tensor slots, "
+    "Tensor(a!) k_cache, Tensor(b!) v_cache, float eps) -> ()";
+
 inline void check_index_vector(const at::Tensor& t, const char* name, int64_t n) {
   TORCH_CHECK(t.dim() == 1, name, " must be 1-D, got ", t.sizes());
   TORCH_CHECK(!at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kBool,

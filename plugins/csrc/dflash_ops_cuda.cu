@@ -5,11 +5,18 @@
 // Determinism: every reduction has a fixed shape (per-thread strided loops, xor-butterfly warp sums, warps
 // summed in order), no floating-point atomics; the same inputs give the same outputs run to run and whatever
 // else is in the batch (a row's result depends on that row only).
+#ifdef DFLASH_CUDA_EMU  // the CPU emulation of these kernels (plugins/gpu_check.py --emulate)
+#include "dflash_ops_cuda_emu.h"
+#define DFLASH_LAUNCH(kernel, grid, block, stream) ::dflash::emu::launch(kernel, grid, block)
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#define DFLASH_LAUNCH(kernel, grid, block, stream) kernel<<<grid, block, 0, stream>>>
+#endif
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "dflash_ops_common.h"
 #include "dflash_ops_cuda.cuh"
@@ -82,26 +89,45 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
-// argmax over x[lo, hi) by a block of NT threads; the result is valid in thread 0.
+template <typename V>
+__device__ __forceinline__ void take(V a, long long ia, V& bv, long long& bi) {
+  if (better(a, ia, bv, bi)) { bv = a; bi = ia; }
+}
+
+// argmax over x[lo, hi) by a block of NT threads; the result is valid in thread 0. The aligned body is read
+// with 16-byte loads (8 bf16 / fp16, 4 fp32, 2 fp64 per load), two in flight per thread.
 template <typename T, int NT>
 __device__ void block_argmax(const T* x, int64_t lo, int64_t hi, typename Acc<T>::type& out_v, long long& out_i) {
   using V = typename Acc<T>::type;
+  constexpr int kVec = 16 / sizeof(T);
   __shared__ V s_v[NT / 32];
   __shared__ long long s_i[NT / 32];
   V bv = -INFINITY;
   long long bi = kNoIndex;
-  int64_t j = lo + threadIdx.x;
-  for (; j + 3 * NT < hi; j += 4 * NT) {  // four loads in flight per thread
-    const V a0 = ld(x + j), a1 = ld(x + j + NT), a2 = ld(x + j + 2 * NT), a3 = ld(x + j + 3 * NT);
-    if (better(a0, j, bv, bi)) { bv = a0; bi = j; }
-    if (better(a1, j + NT, bv, bi)) { bv = a1; bi = j + NT; }
-    if (better(a2, j + 2 * NT, bv, bi)) { bv = a2; bi = j + 2 * NT; }
-    if (better(a3, j + 3 * NT, bv, bi)) { bv = a3; bi = j + 3 * NT; }
+  int64_t head = (int64_t)(((16 - (reinterpret_cast<uintptr_t>(x + lo) & 15)) & 15) / sizeof(T));
+  if (reinterpret_cast<uintptr_t>(x + lo) % sizeof(T) != 0 || head > hi - lo) head = hi - lo;
+  for (int64_t j = lo + threadIdx.x; j < lo + head; j += NT) take<V>(ld(x + j), j, bv, bi);
+  const int64_t vlo = lo + head, nvec = (hi - vlo) / kVec;
+  const uint4* vp = reinterpret_cast<const uint4*>(x + vlo);
+  int64_t q = threadIdx.x;
+  for (; q + NT < nvec; q += 2 * NT) {
+    const uint4 u0 = vp[q], u1 = vp[q + NT];
+    T e0[kVec], e1[kVec];  // register moves: memcpy keeps the reinterpretation well defined
+    memcpy(e0, &u0, sizeof(u0));
+    memcpy(e1, &u1, sizeof(u1));
+#pragma unroll
+    for (int z = 0; z < kVec; ++z) take<V>(ld(e0 + z), vlo + q * kVec + z, bv, bi);
+#pragma unroll
+    for (int z = 0; z < kVec; ++z) take<V>(ld(e1 + z), vlo + (q + NT) * kVec + z, bv, bi);
   }
-  for (; j < hi; j += NT) {
-    const V a = ld(x + j);
-    if (better(a, j, bv, bi)) { bv = a; bi = j; }
+  for (; q < nvec; q += NT) {
+    const uint4 u0 = vp[q];
+    T e0[kVec];
+    memcpy(e0, &u0, sizeof(u0));
+#pragma unroll
+    for (int z = 0; z < kVec; ++z) take<V>(ld(e0 + z), vlo + q * kVec + z, bv, bi);
   }
+  for (int64_t j = vlo + nvec * kVec + threadIdx.x; j < hi; j += NT) take<V>(ld(x + j), j, bv, bi);
   warp_argbest(bv, bi);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) { s_v[warp] = bv; s_i[warp] = bi; }
@@ -547,9 +573,11 @@ __global__ void __launch_bounds__(kAppendThreads) context_append_kernel(
     const float k1 = round_any(__fmul_rn(ld_any(w, dt.w, j + half), n1), dt.p);
     const float c0 = ld_any(cos, dt.cs, t * head_dim + j), c1 = ld_any(cos, dt.cs, t * head_dim + j + half);
     const float s0 = ld_any(sin, dt.cs, t * head_dim + j), s1 = ld_any(sin, dt.cs, t * head_dim + j + half);
-    // rotate-half: out[j] = k[j] cos[j] - k[j+half] sin[j]; out[j+half] = k[j+half] cos[j+half] + k[j] sin[j+half]
-    const float o0 = round_any(__fadd_rn(round_any(__fmul_rn(k0, c0), dt.q), round_any(__fmul_rn(-k1, s0), dt.q)), dt.q);
-    const float o1 = round_any(__fadd_rn(round_any(__fmul_rn(k1, c1), dt.q), round_any(__fmul_rn(k0, s1), dt.q)), dt.q);
+    // rotate-half: out[j] = k[j] cos[j] - k[j+half] sin[j], out[j+half] = k[j+half] cos[j+half] + k[j] sin[j+half];
+    // each product and the sum rounded to dtype q, as the eager x * cos + rot * sin
+    const float a0 = round_any(__fmul_rn(k0, c0), dt.q), b0 = round_any(__fmul_rn(-k1, s0), dt.q);
+    const float a1 = round_any(__fmul_rn(k1, c1), dt.q), b1 = round_any(__fmul_rn(k0, s1), dt.q);
+    const float o0 = round_any(__fadd_rn(a0, b0), dt.q), o1 = round_any(__fadd_rn(a1, b1), dt.q);
     st_any(k_cache, dt.kc, dst + j, o0);
     st_any(k_cache, dt.kc, dst + j + half, o1);
   }
@@ -566,12 +594,11 @@ cudaError_t launch_prepare_draft_blocks(const int64_t* last_tokens, const int64_
                                         int64_t block_size, int64_t mask_token_id, int64_t page_size,
                                         int64_t num_ctx_slots, int64_t* block_ids, int64_t* positions,
                                         int64_t* ctx_slots, int64_t* ctx_offsets, cudaStream_t stream) {
-  prepare_offsets_kernel<<<1, kScanThreads, 0, stream>>>(starts, num_requests, ctx_offsets);
+  DFLASH_LAUNCH(prepare_offsets_kernel, 1, kScanThreads, stream)(starts, num_requests, ctx_offsets);
   dim3 grid((unsigned)(num_requests + 1), kFillSplits);
-  prepare_fill_kernel<<<grid, kFillThreads, 0, stream>>>(last_tokens, starts, block_tables, num_requests,
-                                                         max_blocks, block_size, mask_token_id, page_size,
-                                                         num_ctx_slots, ctx_offsets, block_ids, positions,
-                                                         ctx_slots);
+  DFLASH_LAUNCH(prepare_fill_kernel, grid, kFillThreads, stream)(
+      last_tokens, starts, block_tables, num_requests, max_blocks, block_size, mask_token_id, page_size,
+      num_ctx_slots, ctx_offsets, block_ids, positions, ctx_slots);
   return cudaGetLastError();
 }
 
@@ -588,8 +615,8 @@ static cudaError_t launch_accept(const int64_t* drafts, const int64_t* draft_len
                                  int64_t n, int64_t k_max, const int64_t* choice, int64_t rows, int64_t* accepted,
                                  int64_t* committed, int64_t* num_committed, cudaStream_t stream) {
   if (n > 0)
-    accept_kernel<<<(unsigned)ceil_div(n, 128), 128, 0, stream>>>(drafts, draft_lens, row_offsets, n, k_max, choice,
-                                                                  rows, accepted, committed, num_committed);
+    DFLASH_LAUNCH(accept_kernel, (unsigned)ceil_div(n, 128), 128, stream)(
+        drafts, draft_lens, row_offsets, n, k_max, choice, rows, accepted, committed, num_committed);
   return cudaGetLastError();
 }
 
@@ -602,23 +629,23 @@ cudaError_t launch_greedy_verify(const void* logits, DType dtype, int64_t rows, 
     dim3 grid((unsigned)rows, (unsigned)splits);
     switch (dtype) {
       case kF16:
-        argmax_split_kernel<__half><<<grid, kArgmaxThreads, 0, stream>>>(
+        DFLASH_LAUNCH(argmax_split_kernel<__half>, grid, kArgmaxThreads, stream)(
             static_cast<const __half*>(logits), row_stride, vocab, splits, scratch_val, scratch_idx);
         break;
       case kBF16:
-        argmax_split_kernel<__nv_bfloat16><<<grid, kArgmaxThreads, 0, stream>>>(
+        DFLASH_LAUNCH(argmax_split_kernel<__nv_bfloat16>, grid, kArgmaxThreads, stream)(
             static_cast<const __nv_bfloat16*>(logits), row_stride, vocab, splits, scratch_val, scratch_idx);
         break;
       case kF64:
-        argmax_split_kernel<double><<<grid, kArgmaxThreads, 0, stream>>>(
+        DFLASH_LAUNCH(argmax_split_kernel<double>, grid, kArgmaxThreads, stream)(
             static_cast<const double*>(logits), row_stride, vocab, splits, scratch_val, scratch_idx);
         break;
       default:
-        argmax_split_kernel<float><<<grid, kArgmaxThreads, 0, stream>>>(
+        DFLASH_LAUNCH(argmax_split_kernel<float>, grid, kArgmaxThreads, stream)(
             static_cast<const float*>(logits), row_stride, vocab, splits, scratch_val, scratch_idx);
     }
-    argmax_finalize_kernel<<<(unsigned)ceil_div(rows, 8), 256, 0, stream>>>(scratch_val, scratch_idx, rows, splits,
-                                                                            argmax);
+    DFLASH_LAUNCH(argmax_finalize_kernel, (unsigned)ceil_div(rows, 8), 256, stream)(
+        scratch_val, scratch_idx, rows, splits, argmax);
   }
   return launch_accept(drafts, draft_lens, row_offsets, num_requests, k_max, argmax, rows, accepted, committed,
                        num_committed, stream);
@@ -633,17 +660,17 @@ cudaError_t launch_sampling_verify(const void* logits, DType dtype, int64_t rows
   if (rows > 0) {
     switch (dtype) {
       case kF16:
-        sample_kernel<__half><<<(unsigned)rows, kSampleThreads, 0, stream>>>(
+        DFLASH_LAUNCH(sample_kernel<__half>, (unsigned)rows, kSampleThreads, stream)(
             static_cast<const __half*>(logits), row_stride, vocab, draft_lens, row_offsets, num_requests, starts,
             seeds, temperature, top_k, top_p, sampled);
         break;
       case kBF16:
-        sample_kernel<__nv_bfloat16><<<(unsigned)rows, kSampleThreads, 0, stream>>>(
+        DFLASH_LAUNCH(sample_kernel<__nv_bfloat16>, (unsigned)rows, kSampleThreads, stream)(
             static_cast<const __nv_bfloat16*>(logits), row_stride, vocab, draft_lens, row_offsets, num_requests,
             starts, seeds, temperature, top_k, top_p, sampled);
         break;
       case kF32:
-        sample_kernel<float><<<(unsigned)rows, kSampleThreads, 0, stream>>>(
+        DFLASH_LAUNCH(sample_kernel<float>, (unsigned)rows, kSampleThreads, stream)(
             static_cast<const float*>(logits), row_stride, vocab, draft_lens, row_offsets, num_requests, starts,
             seeds, temperature, top_k, top_p, sampled);
         break;
@@ -661,7 +688,7 @@ cudaError_t launch_context_append(const void* k, const void* v, const void* k_no
                                   AppendDTypes dt, float eps, cudaStream_t stream) {
   const int64_t items = tokens * kv_heads;
   if (items > 0)
-    context_append_kernel<<<(unsigned)ceil_div(items, kAppendThreads / 32), kAppendThreads, 0, stream>>>(
+    DFLASH_LAUNCH(context_append_kernel, (unsigned)ceil_div(items, kAppendThreads / 32), kAppendThreads, stream)(
         k, v, k_norm_weight, cos, sin, slots, k_cache, v_cache, tokens, kv_heads, head_dim, num_slots, dt, eps);
   return cudaGetLastError();
 }

@@ -3,7 +3,9 @@
 // All launchers are asynchronous on `stream`, never synchronise, and return the launch status.
 #pragma once
 
+#ifndef DFLASH_CUDA_EMU
 #include <cuda_runtime.h>
+#endif
 #include <stdint.h>
 
 namespace dflash {

@@ -2,13 +2,31 @@
 // then the raw launchers of dflash_ops_cuda.cu on the current stream. Built only where torch has CUDA
 // (dflash_ops.py adds it to the JIT build then). Only c10/cuda headers are used (no cuBLAS-dependent ATen
 // headers), so plugins/check_cuda.sh can also compile this file against a CPU torch's headers.
+// With DFLASH_CUDA_EMU defined (plugins/gpu_check.py --emulate) the same glue drives the CPU emulation of the
+// kernels instead, as ops dflash_emu::dflash_* on CPU tensors.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
 #include <torch/library.h>
 
 #include <tuple>
+
+#ifdef DFLASH_CUDA_EMU
+#include "dflash_ops_cuda_emu.h"
+namespace c10 {
+namespace cuda {
+struct CUDAGuard {
+  explicit CUDAGuard(c10::Device) {}
+};
+struct EmuStream {
+  cudaStream_t stream() const { return nullptr; }
+};
+inline EmuStream getCurrentCUDAStream() { return {}; }
+}  // namespace cuda
+}  // namespace c10
+#else
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#endif
 
 #include "dflash_ops.h"
 #include "dflash_ops_cuda.cuh"
@@ -33,7 +51,9 @@ void check_launch(cudaError_t e, const char* op) {
 }
 
 void check_cuda(const Tensor& t, const char* name) {
+#ifndef DFLASH_CUDA_EMU
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+#endif
 }
 
 Tensor as_long(const Tensor& t) { return t.to(at::kLong).contiguous(); }
@@ -154,7 +174,17 @@ void context_append_cuda(const Tensor& k, const Tensor& v, const Tensor& k_norm_
 
 }  // namespace
 
+#ifdef DFLASH_CUDA_EMU
+TORCH_LIBRARY(dflash_emu, m) {
+  m.def(kSchemaPrepare);
+  m.def(kSchemaGreedy);
+  m.def(kSchemaSampling);
+  m.def(kSchemaAppend);
+}
+TORCH_LIBRARY_IMPL(dflash_emu, CPU, m) {
+#else
 TORCH_LIBRARY_IMPL(dflash_trt, CUDA, m) {
+#endif
   m.impl("dflash_prepare_draft_blocks", &prepare_draft_blocks_cuda);
   m.impl("dflash_greedy_verify", &greedy_verify_cuda);
   m.impl("dflash_sampling_verify", &sampling_verify_cuda);
