@@ -175,5 +175,12 @@ class LLMEngine:
             seq.finish_time = time.perf_counter()
             self.scheduler.finish(seq)
 
+    def stats(self) -> dict:
+        b = self.blocks
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "cache_blocks_total": b.num_blocks, "cache_blocks_free": b.num_free,
+                "cache_usage": 1 - b.num_free / b.num_blocks, "preemptions": self.scheduler.num_preemptions,
+                "iterations": len(self.metrics.iterations)}
+
     def release(self, seq: Sequence) -> None:
         self.sequences.pop(seq.request_id, None)

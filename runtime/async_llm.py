@@ -1,0 +1,146 @@
+"""Streaming front end: one background thread drives the engine loop; callers await token deltas.
+
+`AsyncLLM.generate(...)` is an async iterator of RequestOutput whose `delta_text` / `delta_token_ids` hold what
+is new since the previous item; breaking out of it (or cancelling the task, or a client disconnect in the
+server) aborts the request, and its cache blocks are freed before the next iteration.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from .llm import LLM, RequestOutput
+from .sampling import SamplingParams
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    prompt: object
+    sent_text: int = 0
+    sent_tokens: int = 0
+    seq: object = None
+    holdback: int = 0  # characters kept back while they could still be the start of a stop string
+
+
+@dataclass
+class _Pending:
+    prompt: object
+    params: SamplingParams
+    chat: bool
+    request_id: str
+    stream: _Stream
+    error: list = field(default_factory=list)
+
+
+class AsyncLLM:
+    def __init__(self, llm: LLM, max_queue: int | None = None):
+        self.llm = llm
+        self.max_queue = max_queue
+        self._cv = threading.Condition()
+        self._pending: list[_Pending] = []
+        self._aborts: list[str] = []
+        self._streams: dict[str, _Stream] = {}
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="dflash-engine", daemon=True)
+        self._thread.start()
+
+    # -- public ---------------------------------------------------------------------------------------
+    @property
+    def num_unfinished(self) -> int:
+        with self._cv:
+            return len(self._streams) + len(self._pending)
+
+    async def generate(self, prompt, params: SamplingParams, chat: bool = False, request_id: str | None = None):
+        rid = request_id or uuid.uuid4().hex
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), prompt,
+                         holdback=max((len(s) for s in params.stop), default=1) - 1)
+        with self._cv:
+            self._pending.append(_Pending(prompt, params, chat, rid, stream))
+            self._cv.notify()
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        with self._cv:
+            self._aborts.append(request_id)
+            self._cv.notify()
+
+    def shutdown(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=10)
+
+    # -- engine thread --------------------------------------------------------------------------------
+    def _admit(self) -> None:
+        with self._cv:
+            pending, self._pending = self._pending, []
+            aborts, self._aborts = self._aborts, []
+        for p in pending:
+            try:
+                p.stream.seq = self.llm.add_request(p.prompt, p.params, p.chat, request_id=p.request_id)
+                self._streams[p.request_id] = p.stream
+            except Exception as e:  # bad request: surfaces in the caller's await
+                p.stream.loop.call_soon_threadsafe(p.stream.queue.put_nowait, e)
+        for rid in aborts:
+            st = self._streams.pop(rid, None)
+            self.llm.engine.abort(rid)
+            if st is not None and st.seq is not None:
+                self.llm.engine.release(st.seq)
+
+    def _run(self) -> None:
+        eng = self.llm.engine
+        while True:
+            with self._cv:
+                while not self._stop and not self._pending and not self._aborts and not eng.has_unfinished():
+                    self._cv.wait()
+                if self._stop:
+                    return
+            self._admit()
+            if not eng.has_unfinished():
+                continue
+            try:
+                outs = eng.step()
+            except Exception as e:  # an engine failure ends every request with the error, not a hang
+                for rid, st in list(self._streams.items()):
+                    st.loop.call_soon_threadsafe(st.queue.put_nowait, e)
+                    eng.abort(rid)
+                self._streams.clear()
+                continue
+            self.llm._postprocess(outs)
+            for o in outs:
+                st = self._streams.get(o.seq.request_id)
+                if st is not None:
+                    self._emit(o.seq, st)
+
+    def _emit(self, seq, st: _Stream) -> None:
+        out: RequestOutput = self.llm._output(seq, st.prompt)
+        text = out.text
+        visible = len(text)
+        if not seq.is_finished:
+            visible -= st.holdback
+            while visible > st.sent_text and text[visible - 1] == "\ufffd":  # incomplete UTF-8 sequence
+                visible -= 1
+        out.delta_text = text[st.sent_text:visible] if visible > st.sent_text else ""
+        out.delta_token_ids = out.token_ids[st.sent_tokens:]
+        st.sent_text = max(st.sent_text, visible)
+        st.sent_tokens = len(out.token_ids)
+        if seq.is_finished:
+            self._streams.pop(seq.request_id, None)
+            self.llm.engine.release(seq)
+        st.loop.call_soon_threadsafe(st.queue.put_nowait, out)
