@@ -5,7 +5,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))  # tests/ only: `import tiny`
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# DFLASH_TEST_THREADS=1 keeps a busy shared machine usable (OpenMP threads spin when cores are oversubscribed)
+torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS") or max(1, min(2, os.cpu_count() or 1))))
 
 
 @pytest.fixture(scope="session")

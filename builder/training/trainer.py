@@ -125,19 +125,22 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def evaluate_tau(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anchors_per_seq: int = 256):
-    """Teacher-forced greedy tau on held-out sequences (equals DFlash's tau on the target's own greedy text)."""
-    acc, n = 0.0, 0
+def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anchors_per_seq: int = 256):
+    """Held-out (tau, loss). tau is teacher-forced greedy acceptance: on the target's own greedy text it
+    equals what DFlash decoding measures."""
+    acc, n, loss_sum = 0.0, 0, 0.0
     for s in seqs:
         anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), anchors_per_seq, torch.Generator().manual_seed(0))
         if anchors.numel() == 0:
             continue
         h = draft_rows(drafter, embed_w, s["ids"], s["features"], anchors)
         labels = block_labels(s["ids"], anchors, drafter.cfg.block_size)
-        _, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size))
+        loss, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size),
+                                   drafter.cfg.output_multiplier)
         acc += accepted_lengths(correct, max_draft_len).float().sum().item()
+        loss_sum += loss.item() * anchors.numel()
         n += anchors.numel()
-    return 1.0 + acc / max(n, 1)
+    return 1.0 + acc / max(n, 1), loss_sum / max(n, 1)
 
 
 class Trainer:
@@ -207,6 +210,15 @@ class Trainer:
         k = max_draft_len or self.d.cfg.block_size - 1
         t_last, rows_acc = time.time(), 0
         budget = cfg.time_budget_min * 60 if cfg.time_budget_min else None
+
+        def record(train_loss):
+            tau, loss = evaluate(self.d, self.embed_w, self.head_w, eval_seqs, k)
+            self.history.append({"step": self.step, "minutes": round(self.elapsed / 60, 2), "train_loss": train_loss,
+                                 "eval_loss": loss, "tau": tau})
+            self.log(f"eval step {self.step}: held-out tau {tau:.3f} (K={k}), loss {loss:.3f}")
+
+        if eval_seqs and not self.history:
+            record(None)
         while self.step < cfg.max_steps and (budget is None or self.elapsed < budget):
             t0 = time.time()
             loss, rows = self.train_step()
@@ -218,9 +230,7 @@ class Trainer:
                          f"{rows_acc / dt:.0f} label-rows/s")
                 t_last, rows_acc = time.time(), 0
             if eval_seqs and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
-                tau = evaluate_tau(self.d, self.embed_w, self.head_w, eval_seqs, k)
-                self.history.append({"step": self.step, "minutes": self.elapsed / 60, "loss": loss, "tau": tau})
-                self.log(f"eval step {self.step}: held-out tau {tau:.3f} (K={k})")
+                record(loss)
             if self.step % cfg.save_every == 0:
                 self.save(export)
         self.save(export)
