@@ -199,6 +199,19 @@ static void run_linear(const LinParams& p, int64_t M) {
   const Kernels& k = K();
   const int64_t P = (p.N + 31) / 32;
   if (M == 0 || P == 0) return;
+  if (p.chunk_len == 0) {  // K == 0: empty sums
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) {
+        const float v = p.bias ? p.bias[n] : 0.0f;
+        if (p.yt == BF16) {
+          at::BFloat16 b(v);
+          ((at::BFloat16*)p.y)[m * p.ldy + n] = b;
+        } else {
+          ((float*)p.y)[m * p.ldy + n] = v;
+        }
+      }
+    return;
+  }
   int T = nthreads();
   const double macs = double(M) * double(P * 32) * double(p.chunk_len * p.nchunks);
   if (macs < 4.0e5) T = 1;  // fork/join would cost more than the work
@@ -834,75 +847,59 @@ BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
 }
 
 // ---- linear microkernel: MR rows x NP panels of 32 columns ----------------------------------------------
+// Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
+// xc: the tile's x packed k-major at the chunk's first k (xc[k * MR + m]); w: panel pn0 at that k.
+// Not done: the partial goes to acc_out ([MR][NP * 32] fp32) for the tree.
 
-// xt: this tile's rows of x packed k-major, xt[k * MR + m] for the call's K range (all chunks)
+// Done (the call's last chunk): the earlier chunks' partials (acc_out - c * chunk_stride, ...) and this one
+// meet in the tree, then + bias, into y.
 template <int MR, int NP, bool WBF>
-static void lin_kernel(const LinParams& p, const float* xt, int64_t m0, int64_t pn0) {
+static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64_t panel_stride, int64_t len,
+                       float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
   V16 acc[MR][NP][2];
-  const int nch = p.nchunks;
-  const int64_t cl = p.chunk_len;
-  alignas(64) float part[8][MR][NP][32];
-  for (int c = 0; c < nch; ++c) {
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NP; ++j) acc[m][j][0] = acc[m][j][1] = vzero();
-    const float* xc = xt + c * cl * MR;
-    const int64_t kk0 = p.wk0 + c * cl;
-    if (WBF) {
-      const uint32_t* wp[NP];
-      for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)p.w + ((pn0 + j) * p.K + kk0) * 16;
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NP; ++j)
+      for (int h = 0; h < 2; ++h)
+        acc[m][j][h] = vzero();
+  if (WBF) {
+    const uint32_t* wp[NP];
+    for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
 #pragma GCC unroll 4
-      for (int64_t k = 0; k < cl; ++k) {
-        V16 b[NP][2];
-        for (int j = 0; j < NP; ++j) vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
-        for (int m = 0; m < MR; ++m) {
-          V16 a = vset1(xc[k * MR + m]);
-          for (int j = 0; j < NP; ++j) {
-            acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
-            acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
-          }
-        }
-      }
-    } else {
-      const float* wp[NP];
-      for (int j = 0; j < NP; ++j) wp[j] = (const float*)p.w + ((pn0 + j) * p.K + kk0) * 32;
-#pragma GCC unroll 4
-      for (int64_t k = 0; k < cl; ++k) {
-        V16 b[NP][2];
+    for (int64_t k = 0; k < len; ++k) {
+      V16 b[NP][2];
+      for (int j = 0; j < NP; ++j) vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
+      for (int m = 0; m < MR; ++m) {
+        V16 a = vset1(xc[k * MR + m]);
         for (int j = 0; j < NP; ++j) {
-          b[j][0] = vload(wp[j] + k * 32);
-          b[j][1] = vload(wp[j] + k * 32 + 16);
-        }
-        for (int m = 0; m < MR; ++m) {
-          V16 a = vset1(xc[k * MR + m]);
-          for (int j = 0; j < NP; ++j) {
-            acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
-            acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
-          }
+          acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
+          acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
         }
       }
     }
-    if (nch > 1) {
-      for (int m = 0; m < MR; ++m)
+  } else {
+    const float* wp[NP];
+    for (int j = 0; j < NP; ++j) wp[j] = (const float*)w + j * panel_stride;
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < len; ++k) {
+      V16 b[NP][2];
+      for (int j = 0; j < NP; ++j) {
+        b[j][0] = vload(wp[j] + k * 32);
+        b[j][1] = vload(wp[j] + k * 32 + 16);
+      }
+      for (int m = 0; m < MR; ++m) {
+        V16 a = vset1(xc[k * MR + m]);
         for (int j = 0; j < NP; ++j) {
-          vstore(&part[c][m][j][0], acc[m][j][0]);
-          vstore(&part[c][m][j][16], acc[m][j][1]);
+          acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
+          acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
         }
+      }
     }
   }
-  if (nch > 1) {
-    // pairwise tree: level s adds chunk c+s into chunk c (c multiple of 2s)
-    for (int s = 1; s < nch; s *= 2)
-      for (int c = 0; c + s < nch; c += 2 * s)
-        for (int m = 0; m < MR; ++m)
-          for (int j = 0; j < NP; ++j)
-            for (int h = 0; h < 2; ++h)
-              vstore(&part[c][m][j][16 * h],
-                     vadd(vload(&part[c][m][j][16 * h]), vload(&part[c + s][m][j][16 * h])));
+  if (!done) {
     for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NP; ++j) {
-        acc[m][j][0] = vload(&part[0][m][j][0]);
-        acc[m][j][1] = vload(&part[0][m][j][16]);
-      }
+      for (int j = 0; j < NP; ++j)
+        for (int h = 0; h < 2; ++h) vstore(acc_out + (m * NP + j) * 32 + 16 * h, acc[m][j][h]);
+    return;
   }
   for (int j = 0; j < NP; ++j)
     for (int h = 0; h < 2; ++h) {
@@ -914,6 +911,17 @@ static void lin_kernel(const LinParams& p, const float* xt, int64_t m0, int64_t 
       if (p.bias) bias = ld_n<false>(p.bias, col, nv);
       for (int m = 0; m < MR; ++m) {
         V16 o = acc[m][j][h];
+        const int nch = p.nchunks;
+        if (nch > 1) {
+          // this is chunk nch-1; chunk c's partial sits at acc_out - (nch-1-c) * chunk_stride
+          const float* base = acc_out - (nch - 1) * chunk_stride + (m * NP + j) * 32 + 16 * h;
+          V16 t[8];
+          for (int c = 0; c < nch - 1; ++c) t[c] = vload(base + c * chunk_stride);
+          t[nch - 1] = o;
+          for (int st = 1; st < nch; st *= 2)  // level st adds chunk c+st into chunk c (c multiple of 2 st)
+            for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
+          o = t[0];
+        }
         if (p.bias) o = vadd(o, bias);
         if (p.yt == bi::BF16)
           st_n<true>(p.y, (m0 + m) * p.ldy + col, o, nv);
@@ -923,7 +931,8 @@ static void lin_kernel(const LinParams& p, const float* xt, int64_t m0, int64_t 
     }
 }
 
-typedef void (*LinKernelFn)(const LinParams&, const float*, int64_t, int64_t);
+typedef void (*LinKernelFn)(const LinParams&, const float*, const void*, int64_t, int64_t, float*, int64_t, bool,
+                            int64_t, int64_t);
 
 template <int MR, bool WBF>
 static LinKernelFn lin_pick_np(int np) {
@@ -965,12 +974,17 @@ static int np_of(int mr, int want) {
 }
 
 static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
-  // rows in cache blocks (x block ~ 384 KiB), each block in balanced tiles of <= MR_MAX rows
-  const int64_t kx = p.chunk_len * p.nchunks;
+  // rows in cache blocks (x block ~ 768 KiB), each block in balanced tiles of <= MR_MAX rows; per group of
+  // NP panels (which stays in L2), every tile of the block runs its chunks' chains, the last one the tree.
+  // (k blocks keeping a weight slice in L1 across the tiles measured no faster here.)
+  const int64_t cl = p.chunk_len;
+  const int nch = p.nchunks;
+  const int64_t kx = cl * nch;
   int64_t mb = (768 * 1024) / (4 * std::max<int64_t>(kx, 1));
   mb = std::max<int64_t>(MR_MAX, (mb / MR_MAX) * MR_MAX);
   const bool wbf = p.wt == bi::BF16;
-  thread_local std::vector<float> xbuf;
+  const int64_t pstride = p.K * (wbf ? 16 : 32);  // panel stride in elements (u32 pairs or floats, 4 bytes)
+  thread_local std::vector<float> xbuf, abuf;
   for (int64_t b0 = m0; b0 < m1; b0 += mb) {
     const int64_t rows = std::min(mb, m1 - b0);
     const int64_t nt = (rows + MR_MAX - 1) / MR_MAX;
@@ -978,7 +992,7 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
     const int npw = np_for(extra ? base + 1 : base);
     // pack the block's tiles k-major (a 1-row tile is its own packing)
     const float* xt0 = p.x + b0 * p.ldx + p.xk0;
-    if (!(nt == 1 && rows == 1)) {
+    if (rows > 1) {
       if ((int64_t)xbuf.size() < rows * kx) xbuf.resize(rows * kx);
       float* d = xbuf.data();
       int64_t r = b0;
@@ -992,15 +1006,24 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
       }
       xt0 = xbuf.data();
     }
+    // chunk partials of one tile: [chunk][MR_MAX][4 * 32]
+    const int64_t cstride = MR_MAX * 4 * 32;
+    if ((int64_t)abuf.size() < nch * cstride) abuf.resize(nch * cstride);
     for (int64_t g = pn0; g < pn1;) {
       int np = np_of(extra ? base + 1 : base, (int)std::min<int64_t>(npw, pn1 - g));
       np = std::min(np, np_of(base, np));
-      int64_t r = b0;
+      LinKernelFn fk[2] = {wbf ? lin_pick<true>(base, np) : lin_pick<false>(base, np),
+                           wbf ? lin_pick<true>(base + 1, np) : lin_pick<false>(base + 1, np)};
+      const char* wg = (const char*)p.w + g * pstride * 4;
       const float* xt = xt0;
+      int64_t r = b0;
       for (int64_t t = 0; t < nt; ++t) {
         const int mr = base + (t < extra ? 1 : 0);
-        LinKernelFn f = wbf ? lin_pick<true>(mr, np) : lin_pick<false>(mr, np);
-        f(p, xt, r, g);
+        for (int c = 0; c < nch; ++c) {
+          const int64_t kw = p.wk0 + c * cl;  // k within the packed weight
+          fk[t < extra ? 1 : 0](p, xt + c * cl * mr, wg + kw * (wbf ? 16 : 32) * 4, pstride, cl,
+                                abuf.data() + c * cstride, cstride, c == nch - 1, r, g);
+        }
         xt += mr * kx;
         r += mr;
       }
