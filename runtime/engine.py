@@ -71,7 +71,8 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, page)
         t_caches = allocate_caches(num_blocks, page, t_layers, cfg.torch_dtype, cfg.device)
         d_caches = allocate_caches(num_blocks, page, d_layers, cfg.torch_dtype, cfg.device) if dcfg else []
-        self.runner = ModelRunner(self.target, self.drafter, t_caches, d_caches, page, cfg.device)
+        self.runner = ModelRunner(self.target, self.drafter, t_caches, d_caches, page, cfg.device,
+                                  use_plugins=cfg.use_plugins)
         self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len)
         self.metrics = EngineMetrics()
         self.sequences: dict[str, Sequence] = {}

@@ -29,6 +29,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str | None = None
     trace: bool = False
+    use_plugins: bool = True  # compiled DFlash ops (plugins/) when they build here; False: pure PyTorch
     seed: int | None = None
     extra: dict = field(default_factory=dict)
 

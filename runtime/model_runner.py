@@ -23,12 +23,24 @@ class StepResult:
     accepted: int = 0
 
 
+def load_plugin_ops(enabled: bool):
+    """The compiled DFlash ops (plugins/), or None for the pure-PyTorch path (also the tests' oracle)."""
+    if not enabled:
+        return None
+    from .plugins import dflash_ops
+
+    return dflash_ops if dflash_ops.available() else None
+
+
 class ModelRunner:
     def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, target_caches, draft_caches,
-                 page_size: int, device):
+                 page_size: int, device, use_plugins: bool = True):
         self.target, self.drafter = target, drafter
         self.target_caches, self.draft_caches = target_caches, draft_caches
         self.page, self.device = page_size, torch.device(device)
+        self.ops = load_plugin_ops(use_plugins)
+        if drafter is not None:
+            drafter.ops = self.ops
 
     def _slots(self, table: list[int], start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end)
@@ -39,14 +51,27 @@ class ModelRunner:
     def draft(self, work: list[Scheduled]) -> dict[int, list[int]]:
         """One drafter forward over the full block of every drafting request; returns K drafts each."""
         d, b = self.drafter, self.drafter.block_size
-        ids, pos, slices = [], [], []
-        for i, w in enumerate(work):
-            s, start = w.seq, w.seq.num_computed
-            ids += [s.token_ids[-1]] + [d.mask_token_id] * (b - 1)
-            pos += range(start, start + b)
-            slices.append(DraftSlice(i * b, b, self._slots(s.block_table, 0, start)))
-        ids_t = torch.tensor(ids, device=self.device)
-        hidden = d(self.target.embed(ids_t), torch.tensor(pos, device=self.device), self.draft_caches, slices)
+        starts = [w.seq.num_computed for w in work]
+        if self.ops is not None:
+            width = max(len(w.seq.block_table) for w in work)
+            tables = torch.tensor([w.seq.block_table + [0] * (width - len(w.seq.block_table)) for w in work],
+                                  dtype=torch.int32, device=self.device)
+            ids_t, pos_t, ctx, _ = self.ops.prepare_draft_blocks(
+                torch.tensor([w.seq.token_ids[-1] for w in work], device=self.device),
+                torch.tensor(starts, device=self.device), tables, block_size=b, mask_token_id=d.mask_token_id,
+                page_size=self.page, num_ctx_slots=sum(starts))
+            offs = [0]
+            for st in starts:
+                offs.append(offs[-1] + st)
+            slices = [DraftSlice(i * b, b, ctx[offs[i]:offs[i + 1]]) for i in range(len(work))]
+        else:
+            ids, pos, slices = [], [], []
+            for i, (w, start) in enumerate(zip(work, starts)):
+                ids += [w.seq.token_ids[-1]] + [d.mask_token_id] * (b - 1)
+                pos += range(start, start + b)
+                slices.append(DraftSlice(i * b, b, self._slots(w.seq.block_table, 0, start)))
+            ids_t, pos_t = torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device)
+        hidden = d(self.target.embed(ids_t), pos_t, self.draft_caches, slices)
         rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
                             device=self.device)
         toks = d.logits(hidden.index_select(0, rows), self.target.head_weight).argmax(-1).tolist()
@@ -75,42 +100,69 @@ class ModelRunner:
         capture = self.drafter is not None
         hidden, feats = self.target(torch.tensor(ids, device=self.device), pos_t, self.target_caches, batch,
                                     capture=capture)
-        # rows whose next token we need: verify rows, and the last row of a prompt that completes now
-        logit_rows, params, sample_pos, owners = [], [], [], []
-        row = 0
+        # requests whose next tokens we need: verify blocks, and prompts that complete now (K = 0)
+        verify, row = [], 0  # (work item, first logits row in the packed batch, drafts)
         for w in work:
             s, n = w.seq, w.num_rows
-            if not w.is_prefill or (s.num_computed + n == s.prefill_target and s.num_output == 0):
-                first = row if not w.is_prefill else row + n - 1
-                for r in range(first, row + n):
-                    logit_rows.append(r)
-                    params.append(s.params)
-                    sample_pos.append(s.num_computed + (r - row) + 1)
-                    owners.append(s.seq_id)
+            if not w.is_prefill:
+                verify.append((w, row, drafts.get(s.seq_id, [])))
+            elif s.num_computed + n == s.prefill_target and s.num_output == 0:
+                verify.append((w, row + n - 1, []))
             row += n
-        choice = []
-        if logit_rows:
-            logits = self.target.logits(hidden.index_select(0, torch.tensor(logit_rows, device=self.device)))
-            choice = sample_rows(logits, params, sample_pos).tolist()
-        by_seq: dict[int, list[int]] = {}
-        for sid, tok in zip(owners, choice):
-            by_seq.setdefault(sid, []).append(tok)
+        committed = self._verify(verify, hidden) if verify else {}
         results, ctx_rows, row = {}, [], 0
         for w in work:
             s, n = w.seq, w.num_rows
             if w.is_prefill:
                 ctx_rows += range(row, row + n)
                 s.num_computed += n
-                results[s.seq_id] = StepResult(by_seq.get(s.seq_id, []))
+                results[s.seq_id] = StepResult(committed.get(s.seq_id, []))
             else:
                 dr = drafts.get(s.seq_id, [])
-                a, committed = accept(dr, by_seq[s.seq_id])
+                toks = committed[s.seq_id]
+                a = len(toks) - 1
                 ctx_rows += range(row, row + a + 1)
                 s.num_computed += a + 1
-                results[s.seq_id] = StepResult(committed, dr if w.draft_len else None, a)
+                results[s.seq_id] = StepResult(toks, dr if w.draft_len else None, a)
             row += n
         if capture and ctx_rows:
             idx = torch.tensor(ctx_rows, device=self.device)
             self.drafter.write_context(feats.index_select(0, idx), pos_t.index_select(0, idx),
                                        batch.slot_mapping.index_select(0, idx), self.draft_caches)
         return results
+
+    def _verify(self, verify, hidden) -> dict[int, list[int]]:
+        """Target choices for every verify row, then tree-free acceptance: seq_id -> committed tokens."""
+        rows, offsets = [], []
+        for w, first, dr in verify:
+            offsets.append(len(rows))
+            rows += range(first, first + len(dr) + 1)
+        logits = self.target.logits(hidden.index_select(0, torch.tensor(rows, device=self.device)))
+        # the position of each request's row 0: the bonus (verify) or the prompt's last token (prefill)
+        starts = [w.seq.num_computed + (w.num_rows - 1 if w.is_prefill else 0) for w, _, _ in verify]
+        if self.ops is None:
+            out = {}
+            params = [w.seq.params for w, _, dr in verify for _ in range(len(dr) + 1)]
+            pos = [st + j + 1 for (w, _, dr), st in zip(verify, starts) for j in range(len(dr) + 1)]
+            choice = sample_rows(logits, params, pos).tolist()
+            for (w, _, dr), off in zip(verify, offsets):
+                out[w.seq.seq_id] = accept(dr, choice[off:off + len(dr) + 1])[1]
+            return out
+        kmax = max(len(dr) for _, _, dr in verify)
+        dev = self.device
+        drafts = torch.tensor([dr + [-1] * (kmax - len(dr)) for _, _, dr in verify], dtype=torch.int64,
+                              device=dev).view(len(verify), kmax)
+        lens = torch.tensor([len(dr) for _, _, dr in verify], dtype=torch.int64, device=dev)
+        offs = torch.tensor(offsets, dtype=torch.int64, device=dev)
+        ps = [w.seq.params for w, _, _ in verify]
+        if all(p.greedy for p in ps):
+            _, _, com, num = self.ops.greedy_verify(drafts, lens, logits, offs)
+        else:
+            _, _, com, num = self.ops.sampling_verify(
+                drafts, lens, logits, offs, torch.tensor(starts, device=dev),
+                torch.tensor([p.seed for p in ps], dtype=torch.int64, device=dev),
+                torch.tensor([p.temperature for p in ps], dtype=torch.float64, device=dev),
+                torch.tensor([max(p.top_k, 0) for p in ps], dtype=torch.int64, device=dev),
+                torch.tensor([p.top_p for p in ps], dtype=torch.float64, device=dev))
+        com, num = com.tolist(), num.tolist()
+        return {w.seq.seq_id: com[i][:num[i]] for i, (w, _, _) in enumerate(verify)}

@@ -94,3 +94,16 @@ def test_batch_and_arrival_do_not_change_output(b16_pairs):
     alone = [LLM(target=t, draft=d).generate([p], sp)[0].token_ids for p in ps[:4]]
     together = LLM(target=t, draft=d, max_num_tokens=24, max_batch_size=3).generate(ps, sp)  # chunked, queued
     assert [o.token_ids for o in together[:4]] == alone
+
+
+def test_compiled_ops_are_the_default_and_match_the_pytorch_path(b16_pairs):
+    t, d = b16_pairs["qwen3"]
+    ps = prompts(6, seed=3)
+    compiled = LLM(target=t, draft=d, trace=True)
+    assert compiled.engine.runner.ops is not None, "the plugins' CPU ops should build and be used by default"
+    torch_path = LLM(target=t, draft=d, trace=True, use_plugins=False)
+    assert torch_path.engine.runner.ops is None
+    for sp in (SamplingParams(max_tokens=20, ignore_eos=True),
+               SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.7, top_p=0.9, seed=5)):
+        a, b = compiled.generate(ps, sp), torch_path.generate(ps, sp)
+        assert [(o.token_ids, o.trace) for o in a] == [(o.token_ids, o.trace) for o in b]

@@ -95,6 +95,7 @@ class DFlashDrafter(nn.Module):
             for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim, max_positions)
+        self.ops = None  # compiled plugin ops, set by the model runner
 
     @property
     def block_size(self) -> int:
@@ -114,7 +115,13 @@ class DFlashDrafter(nn.Module):
         c = self.project_context(feats.to(self.fc.weight.dtype))
         cos, sin = self.rotary(positions, c.dtype)
         for layer, cache in zip(self.layers, caches):
-            k, v = layer.self_attn.kv(c, cos, sin)
+            att = layer.self_attn
+            if self.ops is not None:  # fused k_norm + RoPE + paged scatter (plugins/)
+                t = c.shape[0]
+                self.ops.context_append(att.k_proj(c).view(t, -1, att.head_dim), att.v_proj(c).view(t, -1, att.head_dim),
+                                        att.k_norm.weight, cos, sin, slot_mapping, cache[0], cache[1], att.k_norm.eps)
+                continue
+            k, v = att.kv(c, cos, sin)
             kvh, d = cache[0].shape[-2:]
             cache[0].view(-1, kvh, d).index_copy_(0, slot_mapping, k.to(cache[0].dtype))
             cache[1].view(-1, kvh, d).index_copy_(0, slot_mapping, v.to(cache[1].dtype))
