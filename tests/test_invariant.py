@@ -238,6 +238,9 @@ def _everything(seed=50):
     out += list(bi.add_rms_norm(h, _randn(33, 576, seed=seed + 7), hw, 1e-5))
     g, u = _randn(9, 1539, seed=seed + 8) * 4, _randn(9, 1539, seed=seed + 9)
     out += [bi.silu_mul(g, u), bi.silu_mul(g.to(torch.bfloat16), u.to(torch.bfloat16))]
+    # one panel of columns: threads split the rows instead
+    out.append(bi.linear(_randn(37, 576, seed=seed + 16), bi.pack_linear(_randn(20, 576, seed=seed + 17)),
+                         k_splits=2))
     kc, vc, slots, offs = paged_layout([40, 300, 17], 3, 64, seed + 10)
     q = _randn(1 + 16 + 17, 9, 64, seed=seed + 11)
     seqs = [(0, 1, 40), (1, 16, 300), (17, 17, 17)]
