@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import ops
+
 
 @dataclass
 class SeqSlice:
@@ -34,6 +36,7 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] flat slot where each new row's K/V is written
     decode: DecodeGroup | None = None
     multi: list[SeqSlice] | None = None  # sequences with several new rows (prefill chunks, verify blocks)
+    kernel_args: tuple | None = None  # (q_start, q_len, kv_len, kv_slots, kv_offsets) for the fused kernel
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], block_size: int, device) -> "AttentionBatch":
@@ -59,7 +62,16 @@ class AttentionBatch:
             rows = torch.tensor([s.q_start for s in single], device=device)
             decode = DecodeGroup(rows, slots, mask)
         multi = [s for s in seqs if s.q_len > 1 or decode is None]
-        return AttentionBatch(seqs, sm.to(device), decode, multi)
+        args = None
+        if seqs:
+            offs = [0]
+            for s in seqs:
+                offs.append(offs[-1] + s.kv_len)
+            args = (torch.tensor([s.q_start for s in seqs], device=device),
+                    torch.tensor([s.q_len for s in seqs], device=device),
+                    torch.tensor([s.kv_len for s in seqs], device=device),
+                    torch.cat([s.kv_slots for s in seqs]), torch.tensor(offs[:-1], device=device))
+        return AttentionBatch(seqs, sm.to(device), decode, multi, args)
 
 
 def causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor | None:
@@ -75,6 +87,9 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch, scale: flo
     kc, vc = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
     kc.index_copy_(0, batch.slot_mapping, k.to(kc.dtype))
     vc.index_copy_(0, batch.slot_mapping, v.to(vc.dtype))
+    kernel = ops.paged_attention_kernel()
+    if kernel is not None and q.device.type == "cpu" and batch.kernel_args is not None:
+        return kernel(q, kc, vc, *batch.kernel_args, scale, True)
     out = torch.empty_like(q)
     g = batch.decode
     if g is not None:

@@ -10,7 +10,9 @@ from .engine_config import EngineConfig
 from .errors import DFlashError
 from .kv_cache import BlockManager, allocate_caches, bytes_per_block
 from .loader import ModelPaths, load_configs, load_models
+from . import ops
 from .model_runner import ModelRunner
+from .models.target import pack_linears
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -54,6 +56,10 @@ class LLMEngine:
         self.target_config, self.draft_config = tcfg, dcfg
         self.target, self.drafter = load_models(paths, tcfg, dcfg, cfg.torch_dtype, cfg.device,
                                                 max_positions=cfg.max_seq_len + 32)
+        if str(cfg.device).startswith("cpu") and cfg.invariant_kernels and ops.enable_invariant():
+            self.target.pack()
+            if self.drafter is not None:
+                pack_linears(self.drafter)
         self.max_draft_len = 0
         if dcfg is not None:
             self.max_draft_len = cfg.max_draft_len or dcfg.block_size - 1

@@ -30,6 +30,8 @@ class EngineConfig:
     device: str | None = None
     trace: bool = False
     use_plugins: bool = True  # compiled DFlash ops (plugins/) when they build here; False: pure PyTorch
+    # batch-invariant CPU kernels (bitwise-identical rows in any batch); False: MKL/PyTorch numerics
+    invariant_kernels: bool = True
     seed: int | None = None
     extra: dict = field(default_factory=dict)
 

@@ -74,7 +74,7 @@ class ModelRunner:
         hidden = d(self.target.embed(ids_t), pos_t, self.draft_caches, slices)
         rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
                             device=self.device)
-        toks = d.logits(hidden.index_select(0, rows), self.target.head_weight).argmax(-1).tolist()
+        toks = d.logits(hidden.index_select(0, rows), self.target.logits).argmax(-1).tolist()
         out, at = {}, 0
         for w in work:
             out[w.seq.seq_id] = toks[at:at + w.draft_len]

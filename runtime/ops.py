@@ -1,20 +1,68 @@
-"""The numeric primitives every model calls. One place to swap in fused or batch-invariant kernels."""
+"""The numeric primitives every model calls, in one place.
+
+Two implementations: plain PyTorch (autograd, GPUs, the trainer) and the batch-invariant CPU kernels of
+plugins/invariant.py, which compute every output element of a row with one fixed sequence of operations
+whatever the batch, the row's position and the thread count. The engine switches the latter on for CPU
+inference (`enable_invariant`): that is what makes greedy DFlash output bitwise identical to autoregressive
+decoding, alone or batched, chunked or not (a BLAS rounds a row differently depending on M).
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+_bi = None  # plugins.invariant when enabled
+
+
+def enable_invariant(enabled: bool = True) -> bool:
+    """Turn the batch-invariant kernels on (returns False when the extension cannot be built here)."""
+    global _bi
+    if not enabled:
+        _bi = None
+        return False
+    try:
+        from .plugins import invariant
+
+        invariant.load()
+        _bi = invariant
+    except Exception:  # no compiler: stay on PyTorch
+        _bi = None
+    return _bi is not None
+
+
+def invariant_enabled() -> bool:
+    return _bi is not None
+
+
+def _use_bi(x: torch.Tensor) -> bool:
+    return _bi is not None and x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _use_bi(x) and not weight.requires_grad:
+        return _bi.rms_norm(x, weight, eps)
     dtype = x.dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed=None,
+           k_splits: int = 1) -> torch.Tensor:
+    if packed is not None and _use_bi(x):
+        return _bi.linear(x, packed, bias, k_splits)
     return F.linear(x, weight, bias)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if _use_bi(gate):
+        return _bi.silu_mul(gate, up)
     return F.silu(gate) * up
+
+
+def pack(weight: torch.Tensor):
+    return _bi.pack_linear(weight) if _bi is not None and weight.device.type == "cpu" else None
+
+
+def paged_attention_kernel():
+    return _bi.paged_attention if _bi is not None else None

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import ops
 from ..config import DraftConfig
 from ..errors import CheckpointError
 from ..rope import RotaryTable, apply_rope
@@ -134,8 +133,9 @@ class DFlashDrafter(nn.Module):
             x = layer(x, cos, sin, cache, slices, positions)
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
-        logits = ops.linear(hidden, head_weight).float() * self.cfg.output_multiplier
+    def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
+        """head: the target's output head (TargetModel.logits)."""
+        logits = head(hidden) * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 

@@ -16,13 +16,24 @@ from ..rope import RotaryTable, apply_rope
 
 
 class Linear(nn.Module):
-    def __init__(self, in_f: int, out_f: int, bias: bool = False):
+    def __init__(self, in_f: int, out_f: int, bias: bool = False, row_parallel: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_f, in_f), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_f), requires_grad=False) if bias else None
+        self.packed = None  # batch-invariant packed weight (ops.pack), set by pack_linears
+        # reductions of layers tensor parallelism splits along K are summed in 8 fixed chunks, so any TP size
+        # up to 8 reproduces the TP=1 bits (see plugins/invariant.py)
+        self.k_splits = 8 if row_parallel and in_f % 8 == 0 else 1
 
     def forward(self, x):
-        return ops.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias, self.packed, self.k_splits)
+
+
+def pack_linears(model: nn.Module) -> None:
+    """Pack every Linear for the batch-invariant kernels (inference only)."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.packed = ops.pack(m.weight.data)
 
 
 class RMSNorm(nn.Module):
@@ -40,7 +51,7 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_proj = Linear(hidden, inter, bias)
         self.up_proj = Linear(hidden, inter, bias)
-        self.down_proj = Linear(inter, hidden, bias)
+        self.down_proj = Linear(inter, hidden, bias, row_parallel=True)
 
     def forward(self, x):
         return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
@@ -54,7 +65,7 @@ class Attention(nn.Module):
         self.q_proj = Linear(h, self.n_heads * self.head_dim, b)
         self.k_proj = Linear(h, self.n_kv * self.head_dim, b)
         self.v_proj = Linear(h, self.n_kv * self.head_dim, b)
-        self.o_proj = Linear(self.n_heads * self.head_dim, h, b)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, b, row_parallel=True)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -104,6 +115,7 @@ class TargetModel(nn.Module):
         self.lm_head = None if cfg.tie_word_embeddings else Linear(cfg.hidden_size, cfg.vocab_size)
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim, max_positions)
         self.capture_ids: list[int] = []
+        self.head_packed = None
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -113,8 +125,12 @@ class TargetModel(nn.Module):
         return self.model.embed_tokens(ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: final-normed rows; float32 logits."""
-        return ops.linear(hidden, self.head_weight).float()
+        """hidden: final-normed rows; float32 logits (also the drafter's head: it has none of its own)."""
+        return ops.linear(hidden, self.head_weight, packed=self.head_packed).float()
+
+    def pack(self) -> None:
+        pack_linears(self)
+        self.head_packed = ops.pack(self.head_weight.data)
 
     def forward(self, ids, positions, kv_caches, batch: AttentionBatch, capture: bool = False):
         x = self.embed(ids)
