@@ -107,3 +107,14 @@ def test_compiled_ops_are_the_default_and_match_the_pytorch_path(b16_pairs):
                SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.7, top_p=0.9, seed=5)):
         a, b = compiled.generate(ps, sp), torch_path.generate(ps, sp)
         assert [(o.token_ids, o.trace) for o in a] == [(o.token_ids, o.trace) for o in b]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16"])
+def test_bfloat16_dflash_equals_ar(b16_pairs, dtype):
+    t, d = b16_pairs["llama"]
+    ps = prompts(8, seed=11)
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    ar = LLM(target=t, speculative=False, dtype=dtype).generate(ps, sp)
+    spec = LLM(target=t, draft=d, dtype=dtype, max_draft_len=7).generate(ps, sp)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
+    assert sum(o.accepted for o in spec) > 0
