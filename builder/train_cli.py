@@ -42,6 +42,14 @@ def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16) -> None:
     os.replace(os.path.join(out_dir, "config.json.tmp"), os.path.join(out_dir, "config.json"))
 
 
+def data_complete(path: str, n: int) -> bool:
+    meta = path + ".meta.json"
+    if not os.path.isfile(meta):
+        return True  # user data: take it as it is
+    with open(meta) as f:
+        return n >= json.load(f).get("num_prompts", 0)
+
+
 @user_errors
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dflash-train", description=__doc__)
@@ -53,9 +61,11 @@ def main(argv=None) -> int:
     p.add_argument("--mask-token-id", type=int)
     p.add_argument("--data", help="JSONL of {prompt_ids, output_ids} (made by --make-data when absent)")
     p.add_argument("--make-data", type=int, default=0, metavar="N", help="generate N self-distillation records")
-    p.add_argument("--eval-frac", type=float, default=0.02, help="held-out fraction for tau during training")
+    p.add_argument("--eval-records", type=int, default=64,
+                   help="the first N records are held out (tau and loss during training); fixed as data grows")
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--time-budget", type=float, help="minutes of training (this run included, resumes add)")
+    p.add_argument("--session-minutes", type=float, help="stop this invocation after M minutes (resume later)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--anchors-per-seq", type=int, default=48)
     p.add_argument("--seqs-per-step", type=int, default=4)
@@ -103,18 +113,23 @@ def main(argv=None) -> int:
     drafter.load_weights(load_state_dict(init_dir, "drafter"), torch.float32)
 
     records = read_records(data)
-    if len(records) < 2:
+    n_eval = min(args.eval_records, len(records) // 2)
+    if n_eval < 1:
         raise DFlashError(f"{data} holds {len(records)} usable records: need at least 2")
-    n_eval = max(1, int(len(records) * args.eval_frac))
+    shard = 64
+    complete = data_complete(data, len(records))
+    if not complete:  # data still growing: only full shards, so a later resume adds shards without redoing any
+        records = records[:max(len(records) // shard * shard, n_eval + 1)]
     shards = build_feature_shards(target_dir, records, dcfg.target_layer_ids, os.path.join(out, "features"),
-                                  log=log)
+                                  seqs_per_shard=shard, log=log)
     seqs = [s for path in shards for s in load_shard(path)]
     eval_seqs, train_seqs = seqs[:n_eval], seqs[n_eval:]
     log(f"{len(train_seqs)} training sequences, {len(eval_seqs)} held out, "
         f"{sum(s['ids'].numel() for s in train_seqs)} tokens")
     cfg = TrainConfig(block_size=dcfg.block_size, anchors_per_seq=args.anchors_per_seq,
                       seqs_per_step=args.seqs_per_step, lr=args.lr, max_steps=args.max_steps,
-                      time_budget_min=args.time_budget, eval_every=args.eval_every)
+                      time_budget_min=args.time_budget, session_min=args.session_minutes,
+                      eval_every=args.eval_every)
     embed_w = target.model.embed_tokens.weight.detach()
     head_w = target.head_weight.detach()
     trainer = Trainer(drafter, embed_w, head_w, train_seqs, cfg, os.path.join(out, "checkpoint"), log=log)

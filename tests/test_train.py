@@ -49,7 +49,7 @@ def test_training_learns_and_exports(tmp_path):
             f.write(json.dumps({"id": i, "prompt_ids": p, "output_ids": o.token_ids}) + "\n")
     out = tmp_path / "run"
     rc = main(["--target", t, "--output", str(out), "--data", str(data), "--block-size", "8", "--num-layers", "2",
-               "--max-steps", "60", "--eval-every", "20", "--eval-frac", "0.15", "--lr", "1e-3",
+               "--max-steps", "60", "--eval-every", "20", "--eval-records", "3", "--lr", "1e-3",
                "--mask-token-id", "3", "--anchors-per-seq", "16"])
     assert rc == 0
     hist = json.load(open(out / "checkpoint" / "history.json"))
@@ -77,7 +77,7 @@ def test_resume_continues_from_checkpoint(tmp_path):
     data.write_text("".join(json.dumps({"id": i, "prompt_ids": p, "output_ids": o.token_ids}) + "\n"
                             for i, (p, o) in enumerate(zip([[5, 6, 7], [8, 9]], outs))))
     common = ["--target", t, "--output", str(tmp_path / "r"), "--data", str(data), "--block-size", "4",
-              "--num-layers", "1", "--mask-token-id", "3", "--eval-frac", "0.5"]
+              "--num-layers", "1", "--mask-token-id", "3", "--eval-records", "1"]
     assert main(common + ["--max-steps", "10"]) == 0
     assert main(common + ["--max-steps", "10"]) == 2  # refuses to overwrite without --resume
     assert main(common + ["--max-steps", "20", "--resume"]) == 0

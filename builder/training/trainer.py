@@ -108,7 +108,8 @@ class TrainConfig:
     lr: float = 6e-4
     warmup_frac: float = 0.04
     max_steps: int = 2000
-    time_budget_min: float | None = None
+    time_budget_min: float | None = None  # total training minutes over all resumes
+    session_min: float | None = None  # minutes in this invocation (a driver restarts it to pick up new data)
     clip: float = 1.0
     weight_decay: float = 0.0
     eval_every: int = 200
@@ -210,6 +211,7 @@ class Trainer:
         k = max_draft_len or self.d.cfg.block_size - 1
         t_last, rows_acc = time.time(), 0
         budget = cfg.time_budget_min * 60 if cfg.time_budget_min else None
+        session_end = time.time() + cfg.session_min * 60 if cfg.session_min else None
 
         def record(train_loss):
             tau, loss = evaluate(self.d, self.embed_w, self.head_w, eval_seqs, k)
@@ -219,7 +221,8 @@ class Trainer:
 
         if eval_seqs and not self.history:
             record(None)
-        while self.step < cfg.max_steps and (budget is None or self.elapsed < budget):
+        while (self.step < cfg.max_steps and (budget is None or self.elapsed < budget)
+               and (session_end is None or time.time() < session_end)):
             t0 = time.time()
             loss, rows = self.train_step()
             self.elapsed += time.time() - t0
