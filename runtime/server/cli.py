@@ -1,0 +1,161 @@
+"""dflash-serve: an OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models, /health,
+/metrics) on the native DFlash engine, or `--backend trtllm` to exec TensorRT-LLM's trtllm-serve on an engine
+directory from dflash-build. Arguments after `--` go to trtllm-serve unchanged.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+from ..errors import DFlashError
+from ..cli.common import add_engine_args, user_errors
+
+ENV_HOST, ENV_PORT, ENV_KEY = "DFLASH_HOST", "DFLASH_PORT", "DFLASH_API_KEY"
+NATIVE_ONLY = ("dtype", "device", "no_spec", "api_key", "max_queue")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="dflash-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="With no ENGINE_DIR and no --target, the embedded default pair (SmolLM2-135M-Instruct + its DFlash "
+               f"drafter) is served. Environment: {ENV_HOST}, {ENV_PORT}, {ENV_KEY} give defaults for --host, "
+               "--port, --api-key.")
+    add_engine_args(p)
+    # None = not given: the engine directory's engine.json (or EngineConfig) decides
+    p.set_defaults(max_batch_size=None, max_num_tokens=None, max_seq_len=None, dtype=None)
+    p.add_argument("--host", default=os.environ.get(ENV_HOST, "127.0.0.1"),
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=int(os.environ.get(ENV_PORT) or 8000))
+    p.add_argument("--api-key", default=os.environ.get(ENV_KEY) or None,
+                   help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-queue", type=int, help="unfinished requests beyond which new ones get 429 "
+                   "(default 4 x max-batch-size)")
+    p.add_argument("--served-model-name", help="model id in the API (default: the model directory's name)")
+    p.add_argument("--backend", choices=("native", "trtllm"), default="native",
+                   help="native: this package's engine (CPU or one GPU); trtllm: exec trtllm-serve on ENGINE_DIR")
+    p.add_argument("--tp-size", type=int, help="trtllm: tensor-parallel size (default: the engine's)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--dry-run", action="store_true", help="trtllm: print the trtllm-serve command and exit")
+    return p
+
+
+def _split(argv):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+@user_errors
+def main(argv=None) -> int:
+    ours, passthrough = _split(argv)
+    args = make_parser().parse_args(ours)
+    if not 0 < args.port < 65536:
+        raise DFlashError(f"--port {args.port} must be in 1..65535")
+    if args.backend == "trtllm":
+        return _trtllm(args, passthrough)
+    if passthrough:
+        raise DFlashError(f"arguments after `--` ({' '.join(passthrough)}) are for trtllm-serve: use --backend trtllm")
+    return _native(args)
+
+
+# -- native -------------------------------------------------------------------------------------------------------
+def _engine_defaults(args) -> dict:
+    """EngineConfig keywords: the flags given, else the engine directory's engine.json values, else defaults."""
+    rec = {}
+    if args.model and os.path.isfile(os.path.join(args.model, "engine.json")):
+        with open(os.path.join(args.model, "engine.json")) as f:
+            rec = json.load(f)
+    kw = {}
+    for k in ("max_batch_size", "max_num_tokens", "max_seq_len", "max_draft_len"):
+        v = getattr(args, k)
+        if v is None and isinstance(rec.get(k), int):
+            v = rec[k]
+        if v is not None:
+            if v < 1:
+                raise DFlashError(f"--{k.replace('_', '-')} {v} must be a positive integer")
+            kw[k] = v
+    for k in ("dtype", "device"):
+        if getattr(args, k):
+            kw[k] = getattr(args, k)
+    return kw
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail in one line before loading the model when the address is taken."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise DFlashError(f"--host {host!r} does not resolve: {e}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise DFlashError(f"cannot listen on {host}:{port} ({e.strerror}): choose another --port or --host") \
+                from None
+
+
+def _native(args) -> int:
+    if args.tp_size not in (None, 1):
+        raise DFlashError("--tp-size: the native backend runs on one device; tensor parallelism is --backend trtllm")
+    if args.max_queue is not None and args.max_queue < 1:
+        raise DFlashError(f"--max-queue {args.max_queue} must be a positive integer")
+    _check_port(args.host, args.port)
+    import uvicorn
+
+    from ..llm import LLM
+    from .app import create_app
+
+    llm = LLM(args.model, target=args.target, draft=args.draft, speculative=not args.no_spec,
+              **_engine_defaults(args))
+    app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key, max_queue=args.max_queue)
+    srv = app.state.dflash
+    c = llm.config
+    print(f"dflash-serve: {srv.model_name} ({'DFlash' if c.speculative else 'autoregressive'}, {c.device}, "
+          f"max_batch_size {c.max_batch_size}, max_seq_len {c.max_seq_len}, max_queue {srv.max_queue}"
+          f"{', API key required' if srv.api_key else ''}) on http://{args.host}:{args.port}/v1",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+# -- trtllm -------------------------------------------------------------------------------------------------------
+def _trtllm(args, passthrough: list[str]) -> int:
+    from . import trtllm
+
+    if args.target or args.draft:
+        raise DFlashError("--backend trtllm serves an engine directory from dflash-build: pass ENGINE_DIR instead "
+                          "of --target/--draft")
+    if not args.model:
+        raise DFlashError("--backend trtllm needs ENGINE_DIR, an engine directory from `dflash-build --output DIR`")
+    given = [k for k in NATIVE_ONLY if getattr(args, k) not in (None, False)]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise DFlashError(f"{flags}: native-backend option(s) that trtllm-serve does not take (for an API key, put "
+                          "an authenticating proxy in front of trtllm-serve)")
+    if not args.dry_run:
+        trtllm.check_available()
+    plan = trtllm.launch_plan(args.model, host=args.host, port=args.port, tp_size=args.tp_size,
+                              max_batch_size=args.max_batch_size, max_num_tokens=args.max_num_tokens,
+                              max_seq_len=args.max_seq_len, max_draft_len=args.max_draft_len,
+                              served_model_name=args.served_model_name, extra_args=passthrough)
+    if args.dry_run:
+        print(plan.command())
+        return 0
+    installed, built = trtllm.trtllm_version(), plan.engine.get("tensorrt_llm_version")
+    if installed and built and installed != built:
+        print(f"warning: the engine was written for TensorRT-LLM {built}, this is {installed}: option names may "
+              "differ (see builder/trtllm.py)", file=sys.stderr)
+    print(f"dflash-serve: exec {plan.command()}", file=sys.stderr, flush=True)
+    trtllm.exec_plan(plan)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
