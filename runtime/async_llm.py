@@ -37,9 +37,8 @@ class _Pending:
 
 
 class AsyncLLM:
-    def __init__(self, llm: LLM, max_queue: int | None = None):
-        self.llm = llm
-        self.max_queue = max_queue
+    def __init__(self, llm: LLM):
+        self.llm = llm  # admission limits (429) are the server's job: this class never refuses a request
         self._cv = threading.Condition()
         self._pending: list[_Pending] = []
         self._aborts: list[str] = []
