@@ -10,7 +10,7 @@ from .engine_config import EngineConfig
 from .errors import DFlashError
 from .kv_cache import BlockManager, allocate_caches, bytes_per_block
 from .loader import ModelPaths, load_configs, load_models
-from . import ops
+from . import ops, tensor_parallel
 from .model_runner import ModelRunner
 from .models.target import pack_linears
 from .sampling import SamplingParams
@@ -54,8 +54,15 @@ class LLMEngine:
         if not cfg.speculative:
             dcfg = None
         self.target_config, self.draft_config = tcfg, dcfg
-        self.target, self.drafter = load_models(paths, tcfg, dcfg, cfg.torch_dtype, cfg.device,
-                                                max_positions=cfg.max_seq_len + 32)
+        # tensor parallelism (runtime/tensor_parallel.py): None alone, else the group of the mpirun ranks
+        self.dist = tensor_parallel.setup(cfg, paths, tcfg, dcfg)
+        self.tp_size = self.dist.world_size if self.dist is not None else 1
+        if self.dist is not None:
+            self.target, self.drafter = tensor_parallel.load_models_tp(
+                paths, tcfg, dcfg, cfg.torch_dtype, cfg.device, self.dist, max_positions=cfg.max_seq_len + 32)
+        else:
+            self.target, self.drafter = load_models(paths, tcfg, dcfg, cfg.torch_dtype, cfg.device,
+                                                    max_positions=cfg.max_seq_len + 32)
         if str(cfg.device).startswith("cpu") and cfg.invariant_kernels and ops.enable_invariant():
             self.target.pack()
             if self.drafter is not None:
@@ -65,8 +72,9 @@ class LLMEngine:
             self.max_draft_len = cfg.max_draft_len or dcfg.block_size - 1
         self.eos_ids = set(tcfg.eos_token_ids)
         page = cfg.page_size
-        t_layers = [(tcfg.num_key_value_heads, tcfg.head_dim)] * tcfg.num_hidden_layers
-        d_layers = [(dcfg.num_key_value_heads, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
+        tp = self.tp_size  # caches hold this rank's kv heads only
+        t_layers = [(tcfg.num_key_value_heads // tp, tcfg.head_dim)] * tcfg.num_hidden_layers
+        d_layers = [(dcfg.num_key_value_heads // tp, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
         per_block = bytes_per_block(page, t_layers + d_layers, cfg.torch_dtype)
         budget = cfg.kv_cache_bytes or min(
             2 << 30, per_block * cfg.max_batch_size * (-(-cfg.max_seq_len // page) + 1))
@@ -82,6 +90,8 @@ class LLMEngine:
         self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len)
         self.metrics = EngineMetrics()
         self.sequences: dict[str, Sequence] = {}
+        self.weight_bytes = tensor_parallel.weight_bytes(self.target, self.drafter)
+        self.spmd = tensor_parallel.SPMD(self) if self.dist is not None else None
 
     # -- requests -------------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:
@@ -100,10 +110,14 @@ class LLMEngine:
             raise DFlashError(f"duplicate request id {seq.request_id!r}")
         self.sequences[seq.request_id] = seq
         self.scheduler.add(seq)
+        if self.spmd is not None:
+            self.spmd.record("add", list(prompt_ids), params, seq.request_id)
         return seq
 
     def abort(self, request_id: str) -> None:
         """Cancel a request: its cache blocks are freed at once."""
+        if self.spmd is not None:
+            self.spmd.record("abort", request_id)
         seq = self.sequences.pop(request_id, None)
         if seq is not None and not seq.is_finished:
             seq.finish_reason = "abort"
@@ -115,6 +129,19 @@ class LLMEngine:
 
     # -- one iteration --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        if self.spmd is not None:  # rank 0 sends this iteration's new requests and aborts to the others
+            self.spmd.send()
+        return self._step()
+
+    def follow(self) -> None:
+        """Non-driver ranks under tensor parallelism: mirror rank 0's engine until it shuts down."""
+        self.spmd.follow()
+
+    def shutdown(self) -> None:
+        if self.spmd is not None:
+            self.spmd.shutdown()
+
+    def _step(self) -> list[StepOutput]:
         t0 = time.perf_counter()
         work = self.scheduler.schedule()
         if not work:
@@ -176,6 +203,8 @@ class LLMEngine:
 
     def finish_on_stop_string(self, seq: Sequence, text_pos: int) -> None:
         """Called by the detokenizer when a stop string appears in the output text."""
+        if self.spmd is not None:
+            self.spmd.record("stop", seq.request_id, text_pos)
         if not seq.is_finished:
             seq.stop_text_pos = text_pos
             seq.finish_reason = "stop"

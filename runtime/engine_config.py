@@ -33,6 +33,8 @@ class EngineConfig:
     # batch-invariant CPU kernels (bitwise-identical rows in any batch); False: MKL/PyTorch numerics
     invariant_kernels: bool = True
     seed: int | None = None
+    # tensor parallelism over the ranks mpirun started (default: engine.json's tp_size, else the world size)
+    tp_size: int | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -42,6 +44,8 @@ class EngineConfig:
             raise DFlashError("max_batch_size, max_num_tokens and max_seq_len must be positive")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.tp_size is not None and (not isinstance(self.tp_size, int) or self.tp_size < 1):
+            raise DFlashError(f"tp_size must be a positive integer, got {self.tp_size!r}")
         if self.draft_len_schedule:
             self.draft_len_schedule = {int(k): int(v) for k, v in self.draft_len_schedule.items()}
 

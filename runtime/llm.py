@@ -75,6 +75,10 @@ class LLM:
         self.paths = paths
         self.config = EngineConfig(speculative=speculative, **engine_kwargs)
         self.engine = LLMEngine(paths, self.config)
+        if self.engine.dist is not None and not self.engine.dist.is_driver:
+            # tensor parallelism: ranks > 0 mirror rank 0's engine, then end with it (only rank 0 returns)
+            self.engine.follow()
+            raise SystemExit(0)
         self.tokenizer = self._load_tokenizer(tokenizer or paths.target)
         self.detok = Detokenizer(self.tokenizer)
 

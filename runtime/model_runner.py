@@ -39,6 +39,8 @@ class ModelRunner:
         self.target_caches, self.draft_caches = target_caches, draft_caches
         self.page, self.device = page_size, torch.device(device)
         self.ops = load_plugin_ops(use_plugins)
+        # tensor parallelism: the head is vocab-split (runtime/tensor_parallel.py); its logits are local
+        self.tp = getattr(target, "tp", None)
         if drafter is not None:
             drafter.ops = self.ops
 
@@ -74,7 +76,8 @@ class ModelRunner:
         hidden = d(self.target.embed(ids_t), pos_t, self.draft_caches, slices)
         rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
                             device=self.device)
-        toks = d.logits(hidden.index_select(0, rows), self.target.logits).argmax(-1).tolist()
+        logits = d.logits(hidden.index_select(0, rows), self.target.logits)
+        toks = (self.tp.argmax(logits) if self.tp is not None else logits.argmax(-1)).tolist()
         out, at = {}, 0
         for w in work:
             out[w.seq.seq_id] = toks[at:at + w.draft_len]
@@ -131,6 +134,23 @@ class ModelRunner:
                                        batch.slot_mapping.index_select(0, idx), self.draft_caches)
         return results
 
+    def _tp_choices(self, local_logits, params, pos) -> list[int]:
+        """Greedy rows: distributed argmax (no logits gathered); sampled rows: their full logits gathered."""
+        choice = [0] * len(params)
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if greedy:
+            idx = torch.tensor(greedy, device=local_logits.device)
+            for i, t in zip(greedy, self.tp.argmax(local_logits.index_select(0, idx)).tolist()):
+                choice[i] = t
+        if sampled:
+            idx = torch.tensor(sampled, device=local_logits.device)
+            full = self.tp.gather(local_logits.index_select(0, idx))
+            toks = sample_rows(full, [params[i] for i in sampled], [pos[i] for i in sampled]).tolist()
+            for i, t in zip(sampled, toks):
+                choice[i] = t
+        return choice
+
     def _verify(self, verify, hidden) -> dict[int, list[int]]:
         """Target choices for every verify row, then tree-free acceptance: seq_id -> committed tokens."""
         rows, offsets = [], []
@@ -140,11 +160,14 @@ class ModelRunner:
         logits = self.target.logits(hidden.index_select(0, torch.tensor(rows, device=self.device)))
         # the position of each request's row 0: the bonus (verify) or the prompt's last token (prefill)
         starts = [w.seq.num_computed + (w.num_rows - 1 if w.is_prefill else 0) for w, _, _ in verify]
-        if self.ops is None:
+        if self.ops is None or self.tp is not None:
             out = {}
             params = [w.seq.params for w, _, dr in verify for _ in range(len(dr) + 1)]
             pos = [st + j + 1 for (w, _, dr), st in zip(verify, starts) for j in range(len(dr) + 1)]
-            choice = sample_rows(logits, params, pos).tolist()
+            if self.tp is not None:
+                choice = self._tp_choices(logits, params, pos)
+            else:
+                choice = sample_rows(logits, params, pos).tolist()
             for (w, _, dr), off in zip(verify, offsets):
                 out[w.seq.seq_id] = accept(dr, choice[off:off + len(dr) + 1])[1]
             return out

@@ -13,14 +13,17 @@ def user_errors(main):
         try:
             return main(argv)
         except DFlashError as e:
-            print(f"error: {e}", file=sys.stderr)
+            from ..distributed import is_driver_process
+
+            if is_driver_process():  # under mpirun every rank fails alike: one line, from rank 0
+                print(f"error: {e}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             return 130
     return wrapped
 
 
-def add_engine_args(p, default_max_tokens: int = 256) -> None:
+def add_engine_args(p, default_max_tokens: int = 256, tensor_parallel: bool = False) -> None:
     p.add_argument("model", nargs="?", help="engine directory from dflash-build, or a target checkpoint "
                    "directory (default: the embedded SmolLM2-135M pair)")
     p.add_argument("--target", help="Hugging Face target checkpoint directory")
@@ -32,6 +35,9 @@ def add_engine_args(p, default_max_tokens: int = 256) -> None:
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--max-num-tokens", type=int, default=2048)
     p.add_argument("--max-seq-len", type=int, default=4096)
+    if tensor_parallel:
+        p.add_argument("--tp-size", type=int, help="tensor-parallel ranks (default: engine.json's tp_size, "
+                       "else the MPI world size: `mpirun -n 2 dflash-generate ...`)")
 
 
 def engine_kwargs(args) -> dict:
@@ -39,6 +45,8 @@ def engine_kwargs(args) -> dict:
               max_num_tokens=args.max_num_tokens, max_seq_len=args.max_seq_len)
     if args.max_draft_len is not None:
         kw["max_draft_len"] = args.max_draft_len
+    if getattr(args, "tp_size", None) is not None:
+        kw["tp_size"] = args.tp_size
     return kw
 
 

@@ -12,7 +12,7 @@ from .common import add_engine_args, make_llm, user_errors
 @user_errors
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dflash-generate", description=__doc__)
-    add_engine_args(p)
+    add_engine_args(p, tensor_parallel=True)
     p.add_argument("--prompt", action="append", help="prompt text (repeatable); default: read stdin lines")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--max-tokens", type=int, default=256)

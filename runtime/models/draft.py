@@ -33,7 +33,7 @@ class DraftAttention(nn.Module):
         self.q_proj = Linear(h, self.n_heads * self.head_dim, b)
         self.k_proj = Linear(h, self.n_kv * self.head_dim, b)
         self.v_proj = Linear(h, self.n_kv * self.head_dim, b)
-        self.o_proj = Linear(self.n_heads * self.head_dim, h, b)
+        self.o_proj = Linear(self.n_heads * self.head_dim, h, b, row_parallel=True)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
