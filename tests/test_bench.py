@@ -2,6 +2,10 @@
 hand-computed timelines, the draft_len_schedule recommendation, the report schema, and one tiny end-to-end run."""
 import gzip
 import json
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
 
 import pytest
@@ -253,20 +257,48 @@ def test_cli_end_to_end_tiny(pair, tmp_path, capsys):
     assert "recommended draft_len_schedule" in capsys.readouterr().out
 
 
-def test_only_rank_zero_writes(pair, tmp_path, monkeypatch, capsys):
+def test_follower_ranks_write_nothing(pair, tmp_path, monkeypatch, capsys):
+    """Under mpirun a rank > 0 mirrors each engine inside LLM(...) (build_llm returns None once rank 0 shuts it
+    down): it must walk the same variants in the same order, and print or write nothing."""
+    from dflash_trt.bench import sweep
     from dflash_trt.bench.cli import main
-    from dflash_trt.bench.sweep import is_main_process, world_size
 
-    t, _ = pair
+    t, d = pair
     data = tmp_path / "ids.jsonl"
     data.write_text(json.dumps({"input_ids": [5, 6, 7], "output_tokens": 3}) + "\n")
     monkeypatch.setenv("PMI_RANK", "1")
     monkeypatch.setenv("PMI_SIZE", "2")
-    assert not is_main_process() and world_size() == 2
+    assert not sweep.is_main_process() and sweep.world_size() == 2
+    built = []
+    monkeypatch.setattr(sweep, "build_llm", lambda spec, v, b, s: built.append((v.mode, v.draft_len, b)))
     out = tmp_path / "out"
-    assert main(["--target", t, "--dataset", f"jsonl:{data}", "--modes", "ar", "--concurrency", "1",
-                 "--num-requests", "1", "--output", str(out)]) == 0
-    assert not out.exists() and capsys.readouterr().out == ""
+    assert main(["--target", t, "--draft", d, "--dataset", f"jsonl:{data}", "--draft-lens", "3,5",
+                 "--concurrency", "1,4", "--num-requests", "2", "--output", str(out), "--recommend",
+                 "--export-trtllm-bench", str(tmp_path / "x.jsonl")]) == 0
+    assert built == [("ar", None, 4), ("dflash", 3, 4), ("dflash", 5, 4)]
+    assert not out.exists() and not (tmp_path / "x.jsonl").exists()
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err == ""
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not on PATH (pip install mpi4py mpich)")
+def test_mpirun_two_ranks(pair, tmp_path):
+    """`mpirun -n 2 dflash-bench ...`: tensor-parallel engines, one after another; rank 0 alone writes."""
+    t, d = pair
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Hi {i}"}) + "\n" for i in range(2)))
+    out = tmp_path / "out"
+    r = subprocess.run(["mpirun", "-n", "2", sys.executable, "-m", "dflash_trt.bench.cli", "--target", t, "--draft",
+                        d, "--dataset", f"jsonl:{data}", "--concurrency", "1,2", "--num-requests", "2",
+                        "--max-tokens", "4", "--output", str(out)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rep = json.loads((out / "report.json").read_text())
+    assert validate_report(rep) == [] and rep["config"]["num_devices"] == 2
+    assert [(p["mode"], p["concurrency"], p["output_tokens"]) for p in rep["points"]] == [
+        ("ar", 1, 8), ("ar", 2, 8), ("dflash", 1, 8), ("dflash", 2, 8)]
+    assert r.stdout.count("report:") == 1  # one table, from rank 0
 
 
 def test_cli_user_errors(capsys):

@@ -9,7 +9,7 @@ No model arguments: the embedded SmolLM2-135M pair. For each mode x draft length
 across concurrencies; each point is a closed loop keeping `concurrency` requests in flight over the prompts.
 Writes OUTPUT/report.json (schema dflash-bench v1), OUTPUT/table.txt, OUTPUT/pareto.png and, with --recommend,
 OUTPUT/draft_len_schedule.json (+ .yaml, a TensorRT-LLM speculative_config fragment). Under mpirun every rank
-runs the sweep; only rank 0 prints and writes.
+runs the (tensor-parallel) engines; only rank 0 drives the loop, prints and writes.
 """
 from __future__ import annotations
 
@@ -71,11 +71,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
     p.add_argument("--max-num-tokens", type=int, default=2048, help="rows per engine iteration")
     p.add_argument("--max-seq-len", type=int, help="default: the longest prompt + its output, page-rounded")
+    p.add_argument("--tp-size", type=int, help="tensor-parallel ranks (default: engine.json's tp_size, else the "
+                   "number of ranks mpirun started)")
     return p
 
 
 def model_spec(args, modes: list[str]) -> ModelSpec:
     kw = dict(dtype=args.dtype, device=args.device, max_num_tokens=args.max_num_tokens)
+    if args.tp_size is not None:
+        kw["tp_size"] = args.tp_size
     if args.model or args.target:
         return ModelSpec(model=args.model, target=args.target, draft=args.draft, engine_kwargs=kw)
     if args.draft:
@@ -170,6 +174,8 @@ def main(argv=None) -> int:
         points = run_sweep(spec, SweepConfig(conc, variants, args.temperature, args.seed, not args.respect_eos,
                                              args.max_seq_len, world_size()), reqs, on_point=on_point,
                            progress=bar)
+    if not main_proc:
+        return 0
     rec = None
     if args.recommend:
         rec = recommend(points)
@@ -177,8 +183,6 @@ def main(argv=None) -> int:
         files["draft_len_schedule_yaml"] = os.path.join(out, "draft_len_schedule.yaml")
         rec = {**rec, "draft_len_schedule_json": schedule_json(rec["draft_len_schedule"]),
                "trtllm_yaml": trtllm_yaml(rec, model["draft"])}
-    if not main_proc:
-        return 0
     title = f"dflash-bench: {ds.name}, {len(reqs)} requests x {args.max_tokens or 'dataset'} tokens, " \
             f"T={args.temperature}, {config['threads']} threads, {config['device']}"
     rep = report(points, rec, True)

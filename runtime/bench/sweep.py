@@ -1,13 +1,14 @@
 """The concurrency sweep: for each mode (ar, dflash) x draft length, one engine, reused across concurrencies; for
 each concurrency a closed loop keeps that many requests in flight (a new one joins when one finishes).
 
-All model/engine construction goes through `build_llm` (one place for a later tensor-parallel launch to hook);
-every rank runs the same loop, only rank 0 prints and writes (see `is_main_process`).
+All model/engine construction goes through `build_llm`. Under `mpirun -n N dflash-bench ...` the engine is
+tensor parallel (SPMD, runtime/tensor_parallel.py): rank 0 drives the loop and is the only one that prints and
+writes; the other ranks mirror each engine inside `LLM(...)` until rank 0 shuts it down, then go on to the next
+variant (every rank walks the same variant list, so the engines pair up).
 """
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,26 +17,19 @@ from ..errors import DFlashError
 from ..sampling import SamplingParams
 from .metrics import RequestRecord, record_from_sequence, summarize
 
-RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
-SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-
-
-def process_rank() -> int:
-    for v in RANK_VARS:
-        if os.environ.get(v, "").strip().isdigit():
-            return int(os.environ[v])
-    return 0
-
 
 def world_size() -> int:
-    for v in SIZE_VARS:
-        if os.environ.get(v, "").strip().isdigit():
-            return max(1, int(os.environ[v]))
-    return 1
+    """Ranks the launcher started (mpirun: OMPI_COMM_WORLD_SIZE / PMI_SIZE; torchrun: WORLD_SIZE), else 1."""
+    from ..distributed import env_world
+
+    return env_world()[1]
 
 
 def is_main_process() -> bool:
-    return process_rank() == 0
+    """Rank 0 (mpirun: OMPI_COMM_WORLD_RANK / PMI_RANK), or not launched by mpirun/torchrun at all."""
+    from ..distributed import is_driver_process
+
+    return is_driver_process()
 
 
 @dataclass
@@ -55,7 +49,8 @@ class Variant:
 
 
 def build_llm(spec: ModelSpec, variant: Variant, max_batch_size: int, max_seq_len: int):
-    """The one place that constructs models and engines."""
+    """The one place that constructs models and engines. Returns None on a tensor-parallel follower rank once
+    rank 0 has shut the engine down (LLM(...) ends such ranks with SystemExit(0))."""
     from ..llm import LLM
 
     kw = dict(spec.engine_kwargs)
@@ -63,7 +58,12 @@ def build_llm(spec: ModelSpec, variant: Variant, max_batch_size: int, max_seq_le
     spec_on = variant.mode == "dflash"
     if spec_on and variant.draft_len is not None:
         kw["max_draft_len"] = variant.draft_len
-    return LLM(spec.model, target=spec.target, draft=spec.draft if spec_on else None, speculative=spec_on, **kw)
+    try:
+        return LLM(spec.model, target=spec.target, draft=spec.draft if spec_on else None, speculative=spec_on, **kw)
+    except SystemExit:
+        if is_main_process():
+            raise
+        return None
 
 
 class Encoder:
@@ -164,6 +164,8 @@ def run_sweep(spec: ModelSpec, cfg: SweepConfig, reqs: list[Prepared], on_point=
     seq_len = cfg.max_seq_len or required_seq_len(reqs)
     for variant in cfg.variants:
         llm = build_llm(spec, variant, max_c, seq_len)
+        if llm is None:  # a tensor-parallel follower: it ran this variant inside LLM(...)
+            continue
         k = llm.engine.max_draft_len if variant.mode == "dflash" else 0
         if variant.mode == "dflash" and k == 0:
             raise DFlashError("the DFlash engine has no drafter")
@@ -182,6 +184,7 @@ def run_sweep(spec: ModelSpec, cfg: SweepConfig, reqs: list[Prepared], on_point=
             points.append(point)
             if on_point is not None:
                 on_point(point)
+        llm.engine.shutdown()  # tensor parallel: releases the follower ranks (a no-op alone)
         del llm
         gc.collect()
     return points
