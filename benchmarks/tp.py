@@ -32,7 +32,8 @@ def worker(spec_path: str, out_path: str) -> None:
     eng, sp = llm.engine, SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True)
     llm.generate(spec["prompts"][:2], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     dist = eng.dist
-    b0, c0, it0 = (dist.bytes_communicated, dist.num_collectives, len(eng.metrics.iterations)) if dist else (0, 0, 0)
+    b0, c0 = (dist.bytes_communicated, dist.num_collectives) if dist else (0, 0)
+    it0 = len(eng.metrics.iterations)
     t0 = time.perf_counter()
     outs = llm.generate(spec["prompts"], sp)
     dt = time.perf_counter() - t0
