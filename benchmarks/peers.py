@@ -9,7 +9,9 @@ Default model: the embedded SmolLM2-135M-Instruct pair. Its llama.cpp model is a
 the very Q4_1 GGUF our checkpoint was converted from (same weights as ours, bit for bit); the original Q4_1 GGUF
 runs as an extra line. Another target needs --gguf FILE for llama.cpp. Every peer gets the same token ids (chat
 template applied by our tokenizer). Reported per peer: e2e tokens/s (all output tokens / all wall time, prefill
-included), decode tokens/s ((tokens - 1) / (time after the first token)), TTFT, and the ratio to our AR.
+included), decode tokens/s ((tokens - 1) / (time after the first token)), TTFT, tau, the ratio to our AR and
+how many outputs equal our AR's. Peers load once and run interleaved prompt by prompt, after one warm-up each, so
+background load on a shared machine hits all of them alike.
 llama-cpp-python is optional: `pip install llama-cpp-python` compiles llama.cpp for several minutes.
 """
 from __future__ import annotations
@@ -42,21 +44,26 @@ def summary(runs: list[Run]) -> dict:
     return out
 
 
-# -- peers ---------------------------------------------------------------------------------------------------
-def ours(target, draft, prompts, n, speculative):
-    from dflash_trt import LLM, SamplingParams
+# -- peers: each loads once, then runs one prompt at a time (the main loop interleaves them) -----------------
+class Ours:
+    def __init__(self, target, draft, speculative, max_seq_len):
+        from dflash_trt import LLM, SamplingParams
 
-    llm = LLM(target=target, draft=draft if speculative else None, speculative=speculative, max_batch_size=1,
-              max_seq_len=max(len(p) for p in prompts) + n + 64)
-    sp = SamplingParams(max_tokens=n, ignore_eos=True)
-    llm.generate([prompts[0]], SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
-    runs, taus = [], []
-    for p in prompts:
+        self.sp_cls, self.spec = SamplingParams, speculative
+        self.llm = LLM(target=target, draft=draft if speculative else None, speculative=speculative,
+                       max_batch_size=1, max_seq_len=max_seq_len)
+        self.taus = []
+
+    def run(self, p, n):
         t0 = time.perf_counter()
-        o = llm.generate([p], sp)[0]
-        runs.append(Run(len(o.token_ids), time.perf_counter() - t0, o.ttft, list(o.token_ids)))
-        taus.append(o.tau)
-    return runs, (sum(taus) / len(taus) if speculative else None)
+        o = self.llm.generate([p], self.sp_cls(max_tokens=n, ignore_eos=True))[0]
+        t1 = time.perf_counter()
+        if self.spec:
+            self.taus.append((o.accepted + o.steps, o.steps))
+        return Run(len(o.token_ids), t1 - t0, o.ttft, list(o.token_ids))
+
+    def tau(self):
+        return sum(a for a, _ in self.taus) / max(1, sum(b for _, b in self.taus)) if self.spec else None
 
 
 class _FirstTokenClock:
@@ -74,68 +81,69 @@ class _FirstTokenClock:
         pass
 
 
-def hf_generate(target, prompts, n):
-    from transformers import AutoModelForCausalLM
+class HFGenerate:
+    def __init__(self, model):
+        self.model = model
+        eos = model.config.eos_token_id
+        self.pad = eos[0] if isinstance(eos, (list, tuple)) else eos
 
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    eos = model.config.eos_token_id
-    pad = eos[0] if isinstance(eos, (list, tuple)) else eos
-    runs = []
-    for i, p in enumerate([prompts[0]] + prompts):  # the first is a warm-up
+    def run(self, p, n):
         ids = torch.tensor([p])
         clock = _FirstTokenClock()
         with torch.inference_mode():
             t0 = time.perf_counter()
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n if i else 8,
-                                 min_new_tokens=n if i else 8, do_sample=False, streamer=clock,
-                                 pad_token_id=pad)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, streamer=clock, pad_token_id=self.pad)
             t1 = time.perf_counter()
-        if i:
-            runs.append(Run(out.shape[1] - ids.shape[1], t1 - t0, clock.first - t0, out[0, ids.shape[1]:].tolist()))
-    return runs, None
+        return Run(out.shape[1] - ids.shape[1], t1 - t0, clock.first - t0, out[0, ids.shape[1]:].tolist())
+
+    def tau(self):
+        return None
 
 
-def zlab(target, draft, prompts, n):
-    import dflash.model as zm
-    from transformers import AutoModelForCausalLM
+class ZLab:
+    def __init__(self, model, draft):
+        import dflash.model as zm
 
-    zm._cuda_time = time.perf_counter  # its timer calls torch.cuda.synchronize
-    t = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    d = zm.DFlashDraftModel.from_pretrained(draft, dtype=torch.float32).eval()
-    runs, acc = [], []
-    for i, p in enumerate([prompts[0]] + prompts):
+        zm._cuda_time = time.perf_counter  # its timer calls torch.cuda.synchronize
+        self.zm, self.target = zm, model
+        self.draft = zm.DFlashDraftModel.from_pretrained(draft, dtype=torch.float32).eval()
+        self.acc = []
+
+    def run(self, p, n):
         t0 = time.perf_counter()
-        st = zm.dflash_generate(d, t, torch.tensor([p]), n if i else 8, None, 0.0, return_stats=True)
+        st = self.zm.dflash_generate(self.draft, self.target, torch.tensor([p]), n, None, 0.0, return_stats=True)
         t1 = time.perf_counter()
-        if i:
-            # time_to_first_token covers the prefill only; the wall time also includes cache setup
-            runs.append(Run(st.num_output_tokens, t1 - t0, st.time_to_first_token, st.output_ids[0, len(p):].tolist()))
-            acc += st.acceptance_lengths
-    return runs, sum(acc) / len(acc)
+        self.acc += st.acceptance_lengths  # tokens committed per step: tau
+        # time_to_first_token: the prefill alone (the wall time also holds its cache set-up)
+        return Run(st.num_output_tokens, t1 - t0, st.time_to_first_token, st.output_ids[0, len(p):].tolist())
+
+    def tau(self):
+        return sum(self.acc) / len(self.acc) if self.acc else None
 
 
-def llamacpp(gguf, prompts, n, threads):
-    from llama_cpp import Llama
+class LlamaCpp:
+    def __init__(self, gguf, n_ctx, threads):
+        from llama_cpp import Llama
 
-    llm = Llama(model_path=gguf, n_ctx=max(len(p) for p in prompts) + n + 64, n_threads=threads,
-                n_threads_batch=threads, n_batch=512, verbose=False)
-    runs = []
-    for i, p in enumerate([prompts[0]] + prompts):
-        llm.reset()  # no prompt-prefix reuse between requests (the chat template prefix is shared)
-        want = n if i else 8
+        self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                         verbose=False)
+
+    def run(self, p, n):
+        self.llm.reset()  # no prompt-prefix reuse between requests (the chat template prefix is shared)
         got, first, ids = 0, None, []
         t0 = time.perf_counter()
-        for tok in llm.generate(p, temp=0.0, top_k=1, top_p=1.0, repeat_penalty=1.0, reset=True):
+        for tok in self.llm.generate(p, temp=0.0, top_k=1, top_p=1.0, repeat_penalty=1.0, reset=True):
             got += 1
             ids.append(int(tok))
             if first is None:
                 first = time.perf_counter()
-            if got >= want:  # EOS ignored, as for every other peer
+            if got >= n:  # EOS ignored, as for every other peer
                 break
-        t1 = time.perf_counter()
-        if i:
-            runs.append(Run(got, t1 - t0, first - t0, ids))
-    return runs, None
+        return Run(got, time.perf_counter() - t0, first - t0, ids)
+
+    def tau(self):
+        return None
 
 
 # -- the embedded model's GGUFs ------------------------------------------------------------------------------
@@ -212,17 +220,22 @@ def main():
     enc = Encoder(ModelSpec(target=args.target))
     prompts = [list(r.input_ids) if r.input_ids is not None else enc.encode(r.prompt, chat=True) for r in reqs]
     n = args.max_tokens
-    rows = []  # (name, summary, tau, runs)
+    seq_len = max(len(p) for p in prompts) + n + 64
+    peers = []  # (name, peer)
 
-    def add(name, fn, *a):
-        print(f"[peers] {name} ...", file=sys.stderr, flush=True)
-        runs, tau = fn(*a)
-        rows.append((name, summary(runs), tau, runs))
+    def add(name, make):
+        print(f"[peers] loading {name} ...", file=sys.stderr, flush=True)
+        peers.append((name, make()))
 
     if "ours" in only:
-        add("ours AR", ours, args.target, args.draft, prompts, n, False)
+        add("ours AR", lambda: Ours(args.target, None, False, seq_len))
+    hf_model = None
+    if "hf" in only or ("zlab" in only and args.draft):
+        from transformers import AutoModelForCausalLM
+
+        hf_model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     if "hf" in only:
-        add("HF generate (AR)", hf_generate, args.target, prompts, n)
+        add("HF generate (AR)", lambda: HFGenerate(hf_model))
     if "llamacpp" in only:
         try:
             import llama_cpp  # noqa: F401
@@ -231,22 +244,31 @@ def main():
                   "compiles llama.cpp for several minutes)", file=sys.stderr)
         else:
             if args.gguf:
-                add(f"llama.cpp AR ({os.path.basename(args.gguf)})", llamacpp, args.gguf, prompts, n, args.threads)
+                add(f"llama.cpp AR ({os.path.basename(args.gguf)})", lambda: LlamaCpp(args.gguf, seq_len, args.threads))
             elif embedded_model:
                 f32, q4 = embedded_ggufs()
-                add("llama.cpp AR (F32 GGUF, same weights)", llamacpp, f32, prompts, n, args.threads)
-                add("llama.cpp AR (original Q4_1 GGUF)", llamacpp, q4, prompts, n, args.threads)
+                add("llama.cpp AR (F32 GGUF, same weights)", lambda: LlamaCpp(f32, seq_len, args.threads))
+                add("llama.cpp AR (original Q4_1 GGUF)", lambda: LlamaCpp(q4, seq_len, args.threads))
             else:
                 print("[peers] llama.cpp skipped: pass --gguf FILE for a non-embedded target", file=sys.stderr)
     if args.draft and "ours" in only:
-        add("ours DFlash", ours, args.target, args.draft, prompts, n, True)
+        add("ours DFlash", lambda: Ours(args.target, args.draft, True, seq_len))
     if args.draft and "zlab" in only:
         try:
             import dflash.model  # noqa: F401
         except ImportError:
             print("[peers] z-lab reference skipped: pip install --no-deps dflash==0.1.0", file=sys.stderr)
         else:
-            add("z-lab dflash_generate", zlab, args.target, args.draft, prompts, n)
+            add("z-lab dflash_generate", lambda: ZLab(hf_model, args.draft))
+
+    for _, peer in peers:  # warm-up: kernels, allocator, caches
+        peer.run(prompts[0], 8)
+    runs = {name: [] for name, _ in peers}
+    for i, p in enumerate(prompts):  # interleaved: background load hits every peer alike
+        for name, peer in peers:
+            runs[name].append(peer.run(p, n))
+        print(f"[peers] prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    rows = [(name, summary(runs[name]), peer.tau(), runs[name]) for name, peer in peers]
 
     ref = next((r for r in rows if r[0] == "ours AR"), None)
     base = ref[1]["e2e"] if ref else None
