@@ -31,16 +31,7 @@ def tensors(d: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def edit_json(path: str, **changes) -> None:
-    with open(path) as f:
-        cfg = json.load(f)
-    for k, v in changes.items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    with open(path, "w") as f:
-        json.dump(cfg, f)
+edit_json = tiny.edit_json
 
 
 def ensure_tokenizer(path: str) -> None:

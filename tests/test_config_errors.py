@@ -33,16 +33,7 @@ def test_config_variants_load_identically(tmp_path, layout):
 
 
 def edit_config(d, **changes):
-    p = os.path.join(d, "config.json")
-    with open(p) as f:
-        cfg = json.load(f)
-    for k, v in changes.items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    with open(p, "w") as f:
-        json.dump(cfg, f)
+    tiny.edit_json(os.path.join(d, "config.json"), **changes)
 
 
 def run_cli(*args):

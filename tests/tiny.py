@@ -141,3 +141,16 @@ def mask_proposing(target_dir: str, wanted: int) -> int:
     if not hits:
         raise ValueError(f"no token's embedding prefers {wanted}")
     return hits[0]
+
+
+def edit_json(path: str, **changes) -> None:
+    """Set (or, with None, remove) top-level keys of a JSON file: how tests break configs."""
+    with open(path) as f:
+        cfg = json.load(f)
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    with open(path, "w") as f:
+        json.dump(cfg, f)
