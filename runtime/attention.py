@@ -50,6 +50,13 @@ class AttentionBatch:
             mapping.append(slots[kv_len - q_len:])
             start += q_len
         sm = torch.cat(mapping) if mapping else torch.zeros(0, dtype=torch.int64)
+        if seqs and ops.paged_attention_kernel() is not None and torch.device(device).type == "cpu":
+            offs = [0]
+            for s in seqs:
+                offs.append(offs[-1] + s.kv_len)
+            meta = torch.tensor([[s.q_start, s.q_len, s.kv_len] for s in seqs], dtype=torch.int64).T.contiguous()
+            args = (meta[0], meta[1], meta[2], torch.cat([s.kv_slots for s in seqs]), torch.tensor(offs[:-1]))
+            return AttentionBatch(seqs, sm, kernel_args=args)  # the fused kernel needs no padded groups
         single = [s for s in seqs if s.q_len == 1]
         decode = None
         if len(single) > 1:
@@ -62,16 +69,7 @@ class AttentionBatch:
             rows = torch.tensor([s.q_start for s in single], device=device)
             decode = DecodeGroup(rows, slots, mask)
         multi = [s for s in seqs if s.q_len > 1 or decode is None]
-        args = None
-        if seqs:
-            offs = [0]
-            for s in seqs:
-                offs.append(offs[-1] + s.kv_len)
-            args = (torch.tensor([s.q_start for s in seqs], device=device),
-                    torch.tensor([s.q_len for s in seqs], device=device),
-                    torch.tensor([s.kv_len for s in seqs], device=device),
-                    torch.cat([s.kv_slots for s in seqs]), torch.tensor(offs[:-1], device=device))
-        return AttentionBatch(seqs, sm.to(device), decode, multi, args)
+        return AttentionBatch(seqs, sm.to(device), decode, multi)
 
 
 def causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor | None:
