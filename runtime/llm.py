@@ -36,18 +36,34 @@ class RequestOutput:
                 "acceptance_rate": self.acceptance_rate}
 
 
+def encode_prompt(tokenizer, prompt, chat: bool = False, where: str = "the target") -> list[int]:
+    """Token ids for a prompt: ids pass through, chat messages or `chat=True` use the chat template."""
+    if isinstance(prompt, (list, tuple)) and (not prompt or isinstance(prompt[0], int)):
+        return list(prompt)
+    if tokenizer is None:
+        raise DFlashError(f"{where} has no tokenizer: pass token ids instead of text")
+    if isinstance(prompt, (list, tuple)):  # chat messages
+        chat, messages = True, list(prompt)
+    else:
+        messages = [{"role": "user", "content": prompt}]
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise DFlashError(f"{where} has no chat template: send plain prompts instead")
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    return list(tokenizer.encode(prompt))
+
+
 class Detokenizer:
     """Incremental text per request, and the stop-string check (truncates at the first stop string)."""
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
-        self.sent: dict[str, int] = {}
 
     def text(self, seq: Sequence) -> str:
         if self.tok is None:
             return ""
-        ids = seq.output_ids
-        return self.tok.decode(ids, skip_special_tokens=True)
+        return self.tok.decode(seq.output_ids, skip_special_tokens=True)
 
     def check_stop(self, seq: Sequence, text: str) -> int | None:
         best = None
@@ -92,20 +108,7 @@ class LLM:
 
     # -- prompts --------------------------------------------------------------------------------------
     def encode(self, prompt, chat: bool = False) -> list[int]:
-        if isinstance(prompt, (list, tuple)) and (not prompt or isinstance(prompt[0], int)):
-            return list(prompt)
-        if self.tokenizer is None:
-            raise DFlashError(f"{self.paths.target} has no tokenizer: pass token ids instead of text")
-        if isinstance(prompt, (list, tuple)):  # chat messages
-            chat, messages = True, list(prompt)
-        else:
-            messages = [{"role": "user", "content": prompt}]
-        if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise DFlashError(f"{self.paths.target} has no chat template: send plain prompts instead")
-            return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
-        return list(self.tokenizer.encode(prompt))
+        return encode_prompt(self.tokenizer, prompt, chat, self.paths.target)
 
     # -- generation -----------------------------------------------------------------------------------
     def add_request(self, prompt, params: SamplingParams, chat: bool = False, request_id: str | None = None):

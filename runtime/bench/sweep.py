@@ -76,10 +76,11 @@ class Encoder:
 
         self.paths = resolve_paths(spec.model, spec.target, spec.draft)
         self.tokenizer = LLM._load_tokenizer(self.paths.target)
-        self._encode = LLM.encode  # duck-typed: it reads only self.tokenizer and self.paths.target
 
     def encode(self, prompt, chat: bool = False) -> list[int]:
-        return self._encode(self, prompt, chat)
+        from ..llm import encode_prompt
+
+        return encode_prompt(self.tokenizer, prompt, chat, self.paths.target)
 
 
 @dataclass
