@@ -70,6 +70,8 @@ def main(argv=None) -> int:
     p.add_argument("--anchors-per-seq", type=int, default=48)
     p.add_argument("--seqs-per-step", type=int, default=4)
     p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--full-head", action="store_true",
+                   help="train against every vocabulary row (default: only the tokens the training labels use)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output")
     p.add_argument("--threads", type=int)
     args = p.parse_args(argv)
@@ -129,7 +131,7 @@ def main(argv=None) -> int:
     cfg = TrainConfig(block_size=dcfg.block_size, anchors_per_seq=args.anchors_per_seq,
                       seqs_per_step=args.seqs_per_step, lr=args.lr, max_steps=args.max_steps,
                       time_budget_min=args.time_budget, session_min=args.session_minutes,
-                      eval_every=args.eval_every)
+                      eval_every=args.eval_every, full_head=args.full_head)
     embed_w = target.model.embed_tokens.weight.detach()
     head_w = target.head_weight.detach()
     trainer = Trainer(drafter, embed_w, head_w, train_seqs, cfg, os.path.join(out, "checkpoint"), log=log)

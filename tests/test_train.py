@@ -83,3 +83,23 @@ def test_resume_continues_from_checkpoint(tmp_path):
     assert main(common + ["--max-steps", "20", "--resume"]) == 0
     st = torch.load(tmp_path / "r" / "checkpoint" / "trainer_state.pt", weights_only=False)
     assert st["step"] == 20
+
+
+def test_subset_head_loss_is_the_loss_over_those_rows():
+    from dflash_trt.builder.training.trainer import block_loss, label_vocab, to_subset
+    g = torch.Generator().manual_seed(0)
+    ids = torch.tensor([1, 2, 3, 40, 41, 40, 77, 41, 40, 77])
+    vocab, lut = label_vocab([{"ids": ids, "prompt_len": 3}], 100)
+    assert vocab.tolist() == [40, 41, 77]  # response tokens only, not the prompt's
+    head = torch.randn(100, 8, generator=g)
+    hidden = torch.randn(2, 3, 8, generator=g)
+    labels = block_labels(ids, torch.tensor([3, 6]), 4)
+    sub = to_subset(labels, lut)
+    assert sub.tolist() == [[1, 0, 2], [1, 0, 2]]
+    loss, correct = block_loss(hidden, sub, head[vocab], position_weights(4))
+    logits = hidden.reshape(-1, 8) @ head[vocab].T
+    ce = torch.nn.functional.cross_entropy(logits, sub.flatten(), reduction="none").view(2, 3)
+    w = position_weights(4)[None, :3]
+    assert torch.allclose(loss, (ce * w).sum() / (w.sum() * 2))
+    full, _ = block_loss(hidden, labels, head, position_weights(4))
+    assert loss < full  # fewer competitors: an upper bound on the full loss is not what we compute
