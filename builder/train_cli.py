@@ -22,8 +22,9 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16) -> None:
-    """z-lab format: config.json + model.safetensors (no `model.` prefix, no embedding/head), atomically."""
+def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16, vocab=None) -> None:
+    """z-lab format: config.json + model.safetensors (no `model.` prefix, no embedding/head), atomically;
+    plus draft_vocab.safetensors (the tokens the labels used) when training scored only those."""
     from safetensors.torch import save_file
 
     cfg = dict(drafter.cfg.raw)
@@ -40,6 +41,9 @@ def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16) -> None:
     with open(os.path.join(out_dir, "config.json.tmp"), "w") as f:
         json.dump(cfg, f, indent=2)
     os.replace(os.path.join(out_dir, "config.json.tmp"), os.path.join(out_dir, "config.json"))
+    if vocab is not None:
+        from ..draft_vocab import save_draft_vocab
+        save_draft_vocab(out_dir, vocab, "dflash-train: the tokens its training labels used")
 
 
 def data_complete(path: str, n: int) -> bool:
@@ -83,7 +87,7 @@ def main(argv=None) -> int:
     from ..loader import ModelPaths, load_models
     from ..models.draft import DFlashDrafter
     from .training.features import build_feature_shards, load_shard, read_records
-    from .training.trainer import TrainConfig, Trainer
+    from .training.trainer import TrainConfig, Trainer, label_vocab
 
     target_dir = args.target
     if target_dir is None:
@@ -138,7 +142,8 @@ def main(argv=None) -> int:
     if args.resume:
         trainer.resume()
     final = os.path.join(out, "drafter")
-    trainer.run(lambda d: export_drafter(d, final), eval_seqs)
+    vocab = None if args.full_head else label_vocab(train_seqs, tcfg.vocab_size)[0]
+    trainer.run(lambda d: export_drafter(d, final, vocab=vocab), eval_seqs)
     log(f"drafter written to {final}")
     return 0
 

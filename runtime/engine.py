@@ -9,6 +9,7 @@ import torch
 from .engine_config import EngineConfig
 from .errors import DFlashError
 from .kv_cache import BlockManager, allocate_caches, bytes_per_block
+from .draft_vocab import load_draft_vocab
 from .loader import ModelPaths, load_configs, load_models
 from . import ops, tensor_parallel
 from .model_runner import ModelRunner
@@ -67,6 +68,10 @@ class LLMEngine:
             self.target.pack()
             if self.drafter is not None:
                 pack_linears(self.drafter)
+        if self.drafter is not None and self.dist is None and cfg.draft_vocab:  # TP keeps the vocab-split head
+            ids = load_draft_vocab(paths.draft, tcfg.vocab_size)
+            if ids is not None:
+                self.drafter.use_vocab(ids, self.target.head_weight)
         self.max_draft_len = 0
         if dcfg is not None:
             self.max_draft_len = cfg.max_draft_len or dcfg.block_size - 1
@@ -129,9 +134,11 @@ class LLMEngine:
 
     # -- one iteration --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        if self.spmd is not None:  # rank 0 sends this iteration's new requests and aborts to the others
-            self.spmd.send()
-        return self._step()
+        if self.spmd is None:
+            return self._step()
+        with self.spmd.lock:  # no shutdown from another thread between the ranks' collectives of this step
+            self.spmd.send()  # rank 0 sends this iteration's new requests and aborts to the others
+            return self._step()
 
     def follow(self) -> None:
         """Non-driver ranks under tensor parallelism: mirror rank 0's engine until it shuts down."""

@@ -33,6 +33,8 @@ class EngineConfig:
     # batch-invariant CPU kernels (bitwise-identical rows in any batch); False: MKL/PyTorch numerics
     invariant_kernels: bool = True
     seed: int | None = None
+    # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
+    draft_vocab: bool = True
     # tensor parallelism over the ranks mpirun started (default: engine.json's tp_size, else the world size)
     tp_size: int | None = None
     extra: dict = field(default_factory=dict)

@@ -76,8 +76,8 @@ class ModelRunner:
         hidden = d(self.target.embed(ids_t), pos_t, self.draft_caches, slices)
         rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
                             device=self.device)
-        logits = d.logits(hidden.index_select(0, rows), self.target.logits)
-        toks = (self.tp.argmax(logits) if self.tp is not None else logits.argmax(-1)).tolist()
+        toks = d.draft_tokens(hidden.index_select(0, rows), self.target.logits,
+                              self.tp.argmax if self.tp is not None else None).tolist()
         out, at = {}, 0
         for w in work:
             out[w.seq.seq_id] = toks[at:at + w.draft_len]

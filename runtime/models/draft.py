@@ -95,6 +95,11 @@ class DFlashDrafter(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim, max_positions)
         self.ops = None  # compiled plugin ops, set by the model runner
+        # optional draft vocabulary (draft_vocab.json): the head rows drafts may use. Proposals only, so
+        # output stays the target's; a 49K-row head read per draft step costs as much as several layers on CPU
+        self.vocab_ids: torch.Tensor | None = None
+        self.vocab_head: torch.Tensor | None = None
+        self.vocab_packed = None
 
     @property
     def block_size(self) -> int:
@@ -138,6 +143,25 @@ class DFlashDrafter(nn.Module):
         logits = head(hidden) * self.cfg.output_multiplier
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
+
+    def use_vocab(self, token_ids: torch.Tensor, head_weight: torch.Tensor) -> None:
+        """Draft only among `token_ids` (sorted, unique) with those rows of the target's head."""
+        from .. import ops
+
+        self.vocab_ids = token_ids.to(head_weight.device, torch.int64)
+        self.vocab_head = head_weight.index_select(0, self.vocab_ids).contiguous()
+        self.vocab_packed = ops.pack(self.vocab_head)
+
+    def draft_tokens(self, hidden: torch.Tensor, head, argmax=None) -> torch.Tensor:
+        """Greedy draft token per row. head: the target's head (TargetModel.logits); argmax: the distributed
+        argmax of a vocab-split head (tensor parallelism)."""
+        if self.vocab_ids is not None:
+            from .. import ops
+
+            sub = ops.linear(hidden, self.vocab_head, packed=self.vocab_packed).float() * self.cfg.output_multiplier
+            return self.vocab_ids[sub.argmax(-1)]  # softcapping is monotonic: it cannot move an argmax
+        logits = self.logits(hidden, head)
+        return argmax(logits) if argmax is not None else logits.argmax(-1)
 
     def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         own = dict(self.named_parameters())
