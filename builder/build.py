@@ -61,21 +61,23 @@ def _write_trtllm(plan: BuildPlan, dst: str, final_output: str) -> None:
 
     os.makedirs(dst)
     d = plan.dcfg
+    ep = plan.ep_size if plan.tcfg.moe is not None else None  # dense targets: no MoE settings at all
     opts = trtllm.llm_api_options(
         draft_dir=os.path.join(final_output, "draft"), max_draft_len=plan.max_draft_len,
         mask_token_id=d.mask_token_id, target_layer_ids=d.target_layer_ids, max_seq_len=plan.max_seq_len,
-        max_batch_size=plan.max_batch_size, max_num_tokens=plan.max_num_tokens, kv_cache_dtype=plan.kv_cache_dtype)
+        max_batch_size=plan.max_batch_size, max_num_tokens=plan.max_num_tokens, kv_cache_dtype=plan.kv_cache_dtype,
+        ep_size=ep)
     header = (f"# TensorRT-LLM {trtllm.TRTLLM_VERSION} LLM-API options written by dflash-build {__version__}.\n"
               f"# trtllm-serve serve <engine>/target --backend pytorch --tp_size {plan.tp_size} --config dflash.yaml\n")
     with open(os.path.join(dst, "dflash.yaml"), "w") as f:
         f.write(header + trtllm.to_yaml(opts))
     common = dict(tool_version=__version__, tp_size=plan.tp_size, max_seq_len=plan.max_seq_len,
-                  max_batch_size=plan.max_batch_size, max_num_tokens=plan.max_num_tokens)
+                  max_batch_size=plan.max_batch_size, max_num_tokens=plan.max_num_tokens, ep_size=ep)
     scripts = {
         "serve.sh": trtllm.serve_script(**common),
         "serve_multinode.sh": trtllm.serve_multinode_script(**common),
         "bench.sh": trtllm.bench_script(tool_version=__version__, model_name=os.path.basename(plan.target),
-                                        tp_size=plan.tp_size, max_batch_size=plan.max_batch_size),
+                                        tp_size=plan.tp_size, max_batch_size=plan.max_batch_size, ep_size=ep),
     }
     for name, text in scripts.items():
         path = os.path.join(dst, name)
@@ -100,6 +102,9 @@ def engine_record(plan: BuildPlan, target_info: dict, files: dict[str, str]) -> 
         "quantization": plan.quantization,
         "kv_cache_dtype": plan.kv_cache_dtype,
         "tp_size": plan.tp_size,
+        "ep_size": plan.ep_size if t.moe is not None else None,
+        "moe": None if t.moe is None else {"num_experts": t.moe.num_experts, "experts_per_token": t.moe.top_k},
+        "sliding_window": t.sliding_window if t.layer_types and "sliding_attention" in t.layer_types else None,
         "block_size": d.block_size,
         "max_draft_len": plan.max_draft_len,
         "target_layer_ids": list(d.target_layer_ids),

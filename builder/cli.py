@@ -56,6 +56,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                    help="fp8 calibrates k/v scales with ModelOpt and sets kv_cache_config.dtype (default auto)")
     p.add_argument("--tp-size", type=_tp, default=1, metavar="N", help="tensor parallel size, 1..8 (default 1)")
+    p.add_argument("--ep-size", type=_positive("--ep-size"), default=1, metavar="N",
+                   help="MoE targets: expert parallel size, a divisor of --tp-size (default 1)")
     p.add_argument("--max-draft-len", type=_positive("--max-draft-len"), metavar="K",
                    help="draft tokens per step, < drafter block_size (default block_size - 1)")
     p.add_argument("--max-seq-len", type=_positive("--max-seq-len"), metavar="N",
@@ -116,7 +118,8 @@ def _run(args) -> int:
     from .validate import BuildPlan
 
     plan = BuildPlan(target=args.target, draft=args.draft, output=args.output, quantization=args.quantization,
-                     kv_cache_dtype=args.kv_cache_dtype, tp_size=args.tp_size, max_draft_len=args.max_draft_len,
+                     kv_cache_dtype=args.kv_cache_dtype, tp_size=args.tp_size, ep_size=args.ep_size,
+                     max_draft_len=args.max_draft_len,
                      max_seq_len=args.max_seq_len, max_batch_size=args.max_batch_size,
                      max_num_tokens=args.max_num_tokens, calib_data=args.calib_data,
                      calib_samples=args.calib_samples, force=args.force)

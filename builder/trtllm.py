@@ -18,11 +18,15 @@ TRTLLM_BACKEND = "pytorch"
 
 def llm_api_options(*, draft_dir: str, max_draft_len: int, mask_token_id: int, target_layer_ids: list[int],
                     max_seq_len: int, max_batch_size: int, max_num_tokens: int, kv_cache_dtype: str,
-                    free_gpu_memory_fraction: float = 0.8) -> dict:
-    """The dict written to trtllm/dflash.yaml (passed with `--config`, alias `--extra_llm_api_options`)."""
+                    free_gpu_memory_fraction: float = 0.8, ep_size: int | None = None) -> dict:
+    """The dict written to trtllm/dflash.yaml (passed with `--config`, alias `--extra_llm_api_options`).
+
+    ep_size: MoE targets only (None for dense ones): `moe_expert_parallel_size`, the expert-parallel split of the
+    tp ranks (the rest of each rank group splits every expert's intermediate dimension)."""
     kv = {"free_gpu_memory_fraction": free_gpu_memory_fraction, "enable_block_reuse": False}
     if kv_cache_dtype == "fp8":
         kv["dtype"] = "fp8"  # only with the k_scale / v_scale the ModelOpt export carries
+    moe = {} if ep_size is None else {"moe_expert_parallel_size": ep_size}
     return {
         "speculative_config": {
             "decoding_type": "DFlash",
@@ -39,6 +43,7 @@ def llm_api_options(*, draft_dir: str, max_draft_len: int, mask_token_id: int, t
         "enable_chunked_prefill": True,
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": max_batch_size},
         "kv_cache_config": kv,
+        **moe,
     }
 
 
@@ -97,14 +102,16 @@ fi
 """
 
 
-def _common_flags(tp_size: int, max_seq_len: int, max_batch_size: int, max_num_tokens: int) -> str:
-    return (f"--backend {TRTLLM_BACKEND} --tp_size {tp_size} --max_seq_len {max_seq_len} "
+def _common_flags(tp_size: int, max_seq_len: int, max_batch_size: int, max_num_tokens: int,
+                  ep_size: int | None = None) -> str:
+    ep = "" if ep_size is None else f" --ep_size {ep_size}"
+    return (f"--backend {TRTLLM_BACKEND} --tp_size {tp_size}{ep} --max_seq_len {max_seq_len} "
             f"--max_batch_size {max_batch_size} --max_num_tokens {max_num_tokens}")
 
 
 def serve_script(*, tool_version: str, tp_size: int, max_seq_len: int, max_batch_size: int,
-                 max_num_tokens: int) -> str:
-    flags = _common_flags(tp_size, max_seq_len, max_batch_size, max_num_tokens)
+                 max_num_tokens: int, ep_size: int | None = None) -> str:
+    flags = _common_flags(tp_size, max_seq_len, max_batch_size, max_num_tokens, ep_size)
     return _PRELUDE.format(tool_version=tool_version, trt=TRTLLM_VERSION) + f"""
 # Usage: trtllm/serve.sh [extra trtllm-serve flags]   (HOST / PORT from the environment)
 exec trtllm-serve serve "$ENGINE/target" {flags} \\
@@ -113,8 +120,8 @@ exec trtllm-serve serve "$ENGINE/target" {flags} \\
 
 
 def serve_multinode_script(*, tool_version: str, tp_size: int, max_seq_len: int, max_batch_size: int,
-                           max_num_tokens: int) -> str:
-    flags = _common_flags(tp_size, max_seq_len, max_batch_size, max_num_tokens)
+                           max_num_tokens: int, ep_size: int | None = None) -> str:
+    flags = _common_flags(tp_size, max_seq_len, max_batch_size, max_num_tokens, ep_size)
     return _PRELUDE.format(tool_version=tool_version, trt=TRTLLM_VERSION) + f"""
 # Usage: WORLD=<ranks> trtllm/serve_multinode.sh [extra trtllm-serve flags]
 # One MPI rank per GPU across the nodes (on Slurm: srun ... trtllm-llmapi-launch trtllm-serve ... works too).
@@ -124,7 +131,9 @@ exec mpirun -n "$WORLD" trtllm-llmapi-launch trtllm-serve serve "$ENGINE/target"
 """
 
 
-def bench_script(*, tool_version: str, model_name: str, tp_size: int, max_batch_size: int) -> str:
+def bench_script(*, tool_version: str, model_name: str, tp_size: int, max_batch_size: int,
+                 ep_size: int | None = None) -> str:
+    ep = "" if ep_size is None else f" --ep {ep_size}"
     return _PRELUDE.format(tool_version=tool_version, trt=TRTLLM_VERSION) + f"""
 # Usage: trtllm/bench.sh DATASET.jsonl [throughput|latency] [extra trtllm-bench flags]
 # DATASET lines: {{"task_id": .., "prompt": ".." or "input_ids": [..], "output_tokens": N}}
@@ -132,6 +141,6 @@ DATASET="${{1:?usage: bench.sh DATASET.jsonl [throughput|latency] [flags]}}"
 MODE="${{2:-throughput}}"
 shift $(( $# >= 2 ? 2 : 1 ))
 exec trtllm-bench --model {shlex.quote(model_name)} --model_path "$ENGINE/target" "$MODE" \\
-  --dataset "$DATASET" --backend {TRTLLM_BACKEND} --tp {tp_size} --concurrency "${{CONCURRENCY:-{max_batch_size}}}" \\
+  --dataset "$DATASET" --backend {TRTLLM_BACKEND} --tp {tp_size}{ep} --concurrency "${{CONCURRENCY:-{max_batch_size}}}" \\
   --config "$CONFIG" --report_json "${{REPORT:-bench_report.json}}" "$@"
 """

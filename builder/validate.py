@@ -25,6 +25,7 @@ class BuildPlan:
     quantization: str = "bf16"
     kv_cache_dtype: str = "auto"
     tp_size: int = 1
+    ep_size: int = 1  # MoE targets: expert parallelism within the tp ranks (TensorRT-LLM's moe_expert_parallel_size)
     max_draft_len: int | None = None
     max_seq_len: int | None = None
     max_batch_size: int = 32
@@ -58,6 +59,9 @@ def check_flags(plan: BuildPlan) -> None:
         raise BuildError(f"--kv-cache-dtype {plan.kv_cache_dtype!r} is unknown: use auto or fp8")
     if not 1 <= plan.tp_size <= MAX_TP:
         raise BuildError(f"--tp-size {plan.tp_size} is out of range: use 1..{MAX_TP}")
+    if plan.ep_size < 1 or plan.tp_size % plan.ep_size:
+        raise BuildError(f"--ep-size {plan.ep_size} must divide --tp-size {plan.tp_size} (TensorRT-LLM splits the "
+                         "tp ranks into expert-parallel groups): use a divisor of the tp size")
     for flag, v in (("--max-batch-size", plan.max_batch_size), ("--calib-samples", plan.calib_samples),
                     ("--max-seq-len", plan.max_seq_len), ("--max-num-tokens", plan.max_num_tokens),
                     ("--max-draft-len", plan.max_draft_len)):
@@ -117,6 +121,16 @@ def check_tp(plan: BuildPlan) -> None:
             ok = valid_tp_sizes([c for _, c in constraints])
             raise BuildError(f"--tp-size {tp} does not divide the {name} ({n}): use --tp-size "
                              f"{' or '.join(map(str, ok))}")
+    moe = t.moe
+    if plan.ep_size > 1 and moe is None:
+        raise BuildError(f"--ep-size {plan.ep_size} needs a mixture-of-experts target; {t.model_type} is dense: "
+                         "drop --ep-size")
+    if moe is not None and moe.num_experts % plan.ep_size:
+        raise BuildError(f"--ep-size {plan.ep_size} does not divide the target's {moe.num_experts} experts: use a "
+                         "divisor of num_experts")
+    if moe is not None and moe.intermediate_size % (tp // plan.ep_size):
+        raise BuildError(f"--tp-size {tp} / --ep-size {plan.ep_size} = {tp // plan.ep_size} does not divide the "
+                         f"expert intermediate_size ({moe.intermediate_size}): raise --ep-size")
 
 
 def check_nvfp4_shapes(plan: BuildPlan) -> None:
@@ -180,9 +194,9 @@ def check_target_weights(plan: BuildPlan) -> None:
     shapes = plan.target_shapes
     t = plan.tcfg
     want = {"model.embed_tokens.weight": [t.vocab_size, t.hidden_size],
-            "model.layers.0.self_attn.q_proj.weight": [t.num_attention_heads * t.head_dim, t.hidden_size],
-            "model.layers.0.mlp.gate_proj.weight": [t.intermediate_size, t.hidden_size],
-            f"model.layers.{t.num_hidden_layers - 1}.mlp.down_proj.weight": [t.hidden_size, t.intermediate_size]}
+            "model.layers.0.self_attn.q_proj.weight": [t.num_attention_heads * t.head_dim, t.hidden_size]}
+    for layer in (0, t.num_hidden_layers - 1):
+        want |= _mlp_weights(t, layer, shapes)
     for name, shape in want.items():
         if name not in shapes:
             raise BuildError(f"--target {plan.target} weights lack {name}: the safetensors do not belong to this "
@@ -190,6 +204,21 @@ def check_target_weights(plan: BuildPlan) -> None:
         if shapes[name][0] != shape:
             raise BuildError(f"--target weight {name} has shape {shapes[name][0]}, config.json implies {shape}: "
                              "config.json does not match the weights")
+
+
+def _mlp_weights(t: TargetConfig, layer: int, shapes: dict) -> dict:
+    """A layer's MLP weights the config implies: dense SwiGLU, or a router plus experts (one by one or fused)."""
+    p = f"model.layers.{layer}.mlp."
+    moe = t.moe
+    if moe is None or layer in moe.dense_layers:
+        return {p + "gate_proj.weight": [t.intermediate_size, t.hidden_size],
+                p + "down_proj.weight": [t.hidden_size, t.intermediate_size]}
+    router = "router" if moe.router == "topk_softmax" else "gate"
+    want = {p + router + ".weight": [moe.num_experts, t.hidden_size]}
+    if p + "experts.0.gate_proj.weight" in shapes or not any(n.startswith(p + "experts.") and n.count(".") == 5
+                                                            for n in shapes):
+        want[p + "experts.0.gate_proj.weight"] = [moe.intermediate_size, t.hidden_size]
+    return want  # fused expert tensors (gpt-oss, MXFP4) are checked when the runtime loads them
 
 
 def check_draft(plan: BuildPlan) -> None:

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from .errors import CheckpointError, PairError
 
-SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                     "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass
@@ -52,6 +54,20 @@ class RopeConfig:
 
 
 @dataclass
+class MoeConfig:
+    """A sparse MLP: a router picks `top_k` of `num_experts` SwiGLU experts per token."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # per expert
+    router: str  # "softmax_topk" (Qwen3-MoE) | "topk_softmax" (gpt-oss)
+    norm_topk_prob: bool = False
+    dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP instead
+    bias: bool = False  # router and expert biases (gpt-oss)
+    swiglu_alpha: float | None = None  # gpt-oss clamped SwiGLU
+    swiglu_limit: float | None = None
+
+
+@dataclass
 class TargetConfig:
     model_type: str
     vocab_size: int
@@ -71,6 +87,16 @@ class TargetConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str = "float32"
+    hidden_act: str = "silu"
+    layer_types: list[str] | None = None  # per layer: full_attention | sliding_attention
+    sliding_window: int | None = None
+    moe: MoeConfig | None = None
+
+    def window(self, layer: int) -> int | None:
+        """The layer's sliding window (keys p - window + 1 .. p), None for full attention."""
+        if self.layer_types is None or self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @classmethod
     def from_dir(cls, path: str) -> "TargetConfig":
@@ -81,7 +107,12 @@ class TargetConfig:
                 f"{path}: unsupported target model_type {model_type!r}; supported: {', '.join(SUPPORTED_TARGETS)}")
         from transformers import AutoConfig  # configs only: normalises rope fields across versions
 
-        hf = AutoConfig.from_pretrained(path)
+        try:
+            hf = AutoConfig.from_pretrained(path)
+        except Exception as e:  # transformers' own validators (layer_types, rope, ...): one line, no traceback
+            first = str(e).strip().splitlines()
+            raise CheckpointError(f"{path}/config.json is invalid for {model_type}: "
+                                  f"{first[-1].strip() if first else type(e).__name__}") from None
         return cls.from_hf(hf)
 
     @classmethod
@@ -95,7 +126,7 @@ class TargetConfig:
         eos = hf.eos_token_id
         eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         dtype = getattr(hf, "dtype", None) or getattr(hf, "torch_dtype", None) or "float32"
-        return cls(
+        cfg = cls(
             model_type=hf.model_type,
             vocab_size=hf.vocab_size,
             hidden_size=hf.hidden_size,
@@ -108,13 +139,74 @@ class TargetConfig:
             rope=RopeConfig.from_hf(rope_params, max_pos=hf.max_position_embeddings),
             max_position_embeddings=hf.max_position_embeddings,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            qk_norm=hf.model_type == "qwen3",
+            qk_norm=hf.model_type in ("qwen3", "qwen3_moe"),
             attention_bias=bool(getattr(hf, "attention_bias", False)),
             mlp_bias=bool(getattr(hf, "mlp_bias", False)),
             bos_token_id=getattr(hf, "bos_token_id", None),
             eos_token_ids=eos,
             torch_dtype=str(dtype).replace("torch.", ""),
+            hidden_act=getattr(hf, "hidden_act", None) or getattr(hf, "hidden_activation", None) or "silu",
         )
+        family = _FAMILIES.get(hf.model_type)
+        if family is not None:
+            family(cfg, hf)
+        cfg._check_layer_types()
+        return cfg
+
+    def _check_layer_types(self) -> None:
+        if self.layer_types is None:
+            return
+        n = self.num_hidden_layers
+        if len(self.layer_types) != n or any(t not in LAYER_TYPES for t in self.layer_types):
+            raise CheckpointError(f"{self.model_type}: layer_types must list {n} entries among {', '.join(LAYER_TYPES)}, "
+                                  f"got {self.layer_types}")
+        if "sliding_attention" in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
+            raise CheckpointError(f"{self.model_type}: sliding_attention layers need a positive sliding_window, "
+                                  f"got {self.sliding_window!r}")
+
+
+def _moe_counts(model_type: str, n_experts, top_k, inter) -> None:
+    if not n_experts or not top_k or not inter or not 1 <= top_k <= n_experts:
+        raise CheckpointError(f"unsupported {model_type} MoE layout: num_experts {n_experts}, experts per token "
+                              f"{top_k}, expert intermediate size {inter} (need 1 <= experts per token <= num_experts)")
+
+
+def _qwen3_moe(cfg: TargetConfig, hf) -> None:
+    if cfg.hidden_act != "silu":
+        raise CheckpointError(f"unsupported qwen3_moe hidden_act {cfg.hidden_act!r}: only silu (SwiGLU) experts")
+    step = getattr(hf, "decoder_sparse_step", 1)
+    if not isinstance(step, int) or step < 1:
+        raise CheckpointError(f"unsupported qwen3_moe decoder_sparse_step {step!r}: must be a positive integer")
+    n = getattr(hf, "num_experts", 0) or 0
+    only = set(getattr(hf, "mlp_only_layers", None) or [])
+    dense = [i for i in range(cfg.num_hidden_layers) if i in only or n == 0 or (i + 1) % step]
+    if len(dense) < cfg.num_hidden_layers:
+        _moe_counts("qwen3_moe", n, hf.num_experts_per_tok, hf.moe_intermediate_size)
+    cfg.moe = MoeConfig(num_experts=n, top_k=hf.num_experts_per_tok, intermediate_size=hf.moe_intermediate_size,
+                        router="softmax_topk", norm_topk_prob=bool(hf.norm_topk_prob), dense_layers=dense)
+    if getattr(hf, "sliding_window", None):  # transformers keeps it only with use_sliding_window: every layer
+        cfg.sliding_window = int(hf.sliding_window)
+        cfg.layer_types = ["sliding_attention"] * cfg.num_hidden_layers
+
+
+def _gpt_oss(cfg: TargetConfig, hf) -> None:
+    n, k = getattr(hf, "num_local_experts", 0), getattr(hf, "num_experts_per_tok", 0)
+    _moe_counts("gpt_oss", n, k, cfg.intermediate_size)
+    cfg.moe = MoeConfig(num_experts=n, top_k=k, intermediate_size=cfg.intermediate_size, router="topk_softmax",
+                        bias=True, swiglu_alpha=float(hf.swiglu_alpha), swiglu_limit=float(hf.swiglu_limit))
+    cfg.layer_types = list(hf.layer_types)
+    cfg.sliding_window = hf.sliding_window
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise CheckpointError(f"gpt_oss num_attention_heads {cfg.num_attention_heads} is not a multiple of "
+                              f"num_key_value_heads {cfg.num_key_value_heads}")
+    q = getattr(hf, "quantization_config", None) or {}
+    q = q if isinstance(q, dict) else q.to_dict()
+    if q and q.get("quant_method") not in ("mxfp4", "modelopt"):
+        raise CheckpointError(f"unsupported gpt_oss quantization {q.get('quant_method')!r}: give the MXFP4 release "
+                              "or a bf16 checkpoint")
+
+
+_FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss}
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

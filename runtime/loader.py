@@ -11,7 +11,7 @@ from .checkpoint import load_state_dict, tensor_shapes
 from .config import DraftConfig, TargetConfig, validate_pair
 from .errors import CheckpointError
 from .models.draft import DFlashDrafter
-from .models.target import TargetModel
+from .models.registry import build_target
 from .quantized import is_quantized, load_quantized_state_dict
 
 
@@ -55,10 +55,17 @@ def load_configs(paths: ModelPaths, max_draft_len: int | None = None):
     return tcfg, dcfg
 
 
+def _native_mxfp4(target_dir: str) -> bool:
+    with open(os.path.join(target_dir, "config.json")) as f:
+        q = json.load(f).get("quantization_config") or {}
+    return q.get("quant_method") == "mxfp4"
+
+
 def load_models(paths: ModelPaths, tcfg: TargetConfig, dcfg: DraftConfig | None, dtype: torch.dtype, device,
                 max_positions: int = 4096):
-    target = TargetModel(tcfg, max_positions)
-    quantized = is_quantized(paths.target)  # ModelOpt FP8/NVFP4 exports: dequantised on load
+    target = build_target(tcfg, max_positions)
+    # ModelOpt FP8/NVFP4 exports: dequantised on load; gpt-oss MXFP4 experts are the model's own business
+    quantized = is_quantized(paths.target) and not _native_mxfp4(paths.target)
     target.load_weights(load_quantized_state_dict(paths.target, dtype) if quantized
                         else load_state_dict(paths.target, "target"), dtype)
     target.to(device).eval()

@@ -134,7 +134,8 @@ def load_quantized_state_dict(target_dir: str, dtype: torch.dtype = torch.float3
                                       "are missing: the export is incomplete, re-run dflash-build")
             out[name] = dequantize_nvfp4(t, scale, scale_2, dtype, int(q.get("group_size") or NVFP4_BLOCK))
         elif t.dtype == torch.float8_e4m3fn:
-            scale = raw.get(f"{base}.weight_scale") if base else None
+            # fused 3-D expert tensors (gpt-oss `experts.gate_up_proj`) carry `<name>_weight_scale`
+            scale = raw.get(f"{base}.weight_scale") if base else raw.get(f"{name}_weight_scale")
             if scale is None:
                 raise CheckpointError(f"target tensor {name} is float8 but {base}.weight_scale is missing: "
                                       "the export is incomplete, re-run dflash-build")

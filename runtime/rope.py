@@ -77,6 +77,8 @@ class RotaryTable:
         return self
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype):
+        if positions.device != self.device:  # tables a loader did not move (e.g. a family's second table)
+            self.to(positions.device)
         need = int(positions.max()) + 1 if positions.numel() else 0
         if need > self.cos.shape[0]:
             self._grow(max(need, 2 * self.cos.shape[0]))

@@ -1,0 +1,19 @@
+"""model_type -> target model class. Dense Llama/Qwen3 use target.py; the other families their own module."""
+from __future__ import annotations
+
+from ..config import TargetConfig
+from .target import TargetModel
+
+
+def target_class(model_type: str):
+    if model_type == "qwen3_moe":
+        from .qwen3_moe import Qwen3MoeModel
+        return Qwen3MoeModel
+    if model_type == "gpt_oss":
+        from .gpt_oss import GptOssModel
+        return GptOssModel
+    return TargetModel
+
+
+def build_target(cfg: TargetConfig, max_positions: int = 4096) -> TargetModel:
+    return target_class(cfg.model_type)(cfg, max_positions)

@@ -1,0 +1,93 @@
+"""Helpers for the target-family tests: tiny transformers models saved as real checkpoints, logit parity with
+transformers, DFlash-vs-AR losslessness through the public LLM API."""
+from __future__ import annotations
+
+import torch
+
+import tiny
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.config import TargetConfig
+from dflash_trt.loader import ModelPaths, load_models
+from dflash_trt.teacher import teacher_forward
+
+VOCAB = 256
+
+
+def save_hf(model, path: str, boost_tokens=(11,), boost: float = 5.0, norm_noise: float = 0.1) -> str:
+    """Perturb the norms (so every weight matters), boost a few head rows (peaked logits, a random drafter then
+    agrees often enough for multi-token acceptance), save with save_pretrained plus a tokenizer."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(torch.randn_like(p) * norm_noise)
+        head = model.get_output_embeddings().weight
+        head[list(boost_tokens)] *= boost
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    tiny.add_tokenizer(path, model.config.vocab_size)
+    return path
+
+
+def max_rel_logit_error(tdir: str, lengths=(1, 7, 150), seed: int = 0, invariant: bool = True) -> float:
+    """Teacher-forced logits of our model vs transformers, fp32, max |diff| / max |ref| over all sequences.
+
+    invariant: our CPU kernels (the engine's default) or the plain PyTorch path (what GPUs run)."""
+    from transformers import AutoModelForCausalLM
+
+    from dflash_trt import ops
+
+    was = ops.invariant_enabled()
+    ops.enable_invariant(invariant)
+    try:
+        return _max_rel_logit_error(tdir, lengths, seed)
+    finally:
+        ops.enable_invariant(was)
+
+
+def _max_rel_logit_error(tdir, lengths, seed):
+    from transformers import AutoModelForCausalLM
+
+    tcfg = TargetConfig.from_dir(tdir)
+    target, _ = load_models(ModelPaths(tdir, None), tcfg, None, torch.float32, "cpu")
+    hf = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, tcfg.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    _, logits, _ = teacher_forward(target, seqs)
+    worst, at = 0.0, 0
+    for s in seqs:
+        with torch.no_grad():
+            ref = hf(torch.tensor([s])).logits[0].float()
+        ours = logits[at:at + len(s)]
+        at += len(s)
+        worst = max(worst, ((ours - ref).abs().max() / ref.abs().max()).item())
+    return worst
+
+
+def prompts(n: int, seed: int, lo: int = 1, hi: int = 40, vocab: int = VOCAB) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def drafter_for(path: str, target_dir: str, block_size: int = 8, wanted: int = 11, **kw) -> str:
+    """A random z-lab drafter whose mask embedding proposes the boosted token (so drafts get accepted)."""
+    return tiny.make_drafter(path, target_dir, block_size=block_size, mask_token_id=tiny.mask_proposing(target_dir, wanted),
+                             residual_scale=0.3, **kw)
+
+
+def assert_lossless(t: str, d: str | None, ps, max_tokens: int = 24, draft_lens=(1, 3, 7), **engine) -> int:
+    """Greedy DFlash == our AR path token for token, for several K; returns the number of accepted drafts.
+    d None: t is an engine directory (its own drafter)."""
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    pair = dict(target=t, draft=d) if d is not None else dict(model=t)
+    single = dict(target=t) if d is not None else dict(model=t)
+    ar = [o.token_ids for o in LLM(**single, speculative=False, **engine).generate(ps, sp)]
+    accepted = 0
+    for k in draft_lens:
+        llm = LLM(**pair, max_draft_len=k, **engine)
+        outs = llm.generate(ps, sp)
+        for i, o in enumerate(outs):
+            assert o.token_ids == ar[i], f"K={k} prompt {i}: DFlash {o.token_ids} != AR {ar[i]}"
+            accepted += o.accepted
+        assert llm.engine.blocks.num_free == llm.engine.blocks.num_blocks
+    return accepted

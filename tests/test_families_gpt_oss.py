@@ -1,0 +1,192 @@
+"""gpt-oss targets: sinks, alternating sliding/full attention, YaRN, clamped-SwiGLU MoE, MXFP4 experts."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import families
+import tiny
+from dflash_trt.config import DraftConfig, TargetConfig
+from dflash_trt.errors import CheckpointError
+
+WINDOW = 8
+
+
+def gpt_oss(path, seed=0, **over):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=families.VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+              sliding_window=WINDOW, max_position_embeddings=131072, initializer_range=0.2, bos_token_id=1,
+              eos_token_id=2, pad_token_id=0, swiglu_limit=1.5)  # a low limit so the clamps bind
+    kw.update(over)
+    model = GptOssForCausalLM(GptOssConfig(**kw))
+    with torch.no_grad():  # transformers zero-inits expert biases: give them values so they are tested
+        for n, p in model.named_parameters():
+            if n.endswith("_proj_bias"):
+                p.normal_(0, 0.2)
+    return families.save_hf(model, path)
+
+
+def gpt_oss_drafter(path, target):
+    """The gpt-oss drafter conventions: block size 8, YaRN RoPE of its own, a sliding-window layer."""
+    yarn = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+    return families.drafter_for(path, target, block_size=8, extra={
+        "rope_parameters": yarn, "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": WINDOW})
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpt_oss")
+    t = gpt_oss(str(root / "t"))
+    return {"t": t, "d": gpt_oss_drafter(str(root / "d"), t), "root": root}
+
+
+def test_config_layout(models):
+    c = TargetConfig.from_dir(models["t"])
+    assert c.moe.router == "topk_softmax" and c.moe.bias and c.moe.swiglu_limit == 1.5
+    assert [c.window(i) for i in range(4)] == [WINDOW, None, WINDOW, None] and c.rope.rope_type == "yarn"
+    d = DraftConfig.from_dir(models["d"])
+    assert d.block_size == 8 and d.rope.rope_type == "yarn" and d.layer_types[0] == "sliding_attention"
+
+
+@pytest.mark.parametrize("invariant", [True, False], ids=["cpu_kernels", "pytorch"])
+def test_logits_match_transformers(models, invariant):
+    # fp32 both sides. Our sinks enter the softmax as an extra key (score sink/scale*scale, 1 ulp off) and
+    # experts run split instead of fused; both are ~1e-6 relative. 150-token rows span many windows of 8.
+    assert families.max_rel_logit_error(models["t"], invariant=invariant) < 1e-4
+
+
+def test_sinks_matter(models, tmp_path):
+    """Zeroing the sinks changes the logits (so the test above checks them)."""
+    from dflash_trt.loader import ModelPaths, load_models
+    from dflash_trt.teacher import teacher_forward
+
+    d = tmp_path / "nosink"
+    shutil.copytree(models["t"], d)
+    w = load_file(str(d / "model.safetensors"))
+    for k in w:
+        if k.endswith("sinks"):
+            w[k] = w[k] + 3.0
+    save_file(w, str(d / "model.safetensors"))
+    seq = [families.prompts(1, seed=1, lo=20, hi=21)[0]]
+    out = []
+    for p in (models["t"], str(d)):
+        m, _ = load_models(ModelPaths(p, None), TargetConfig.from_dir(p), None, torch.float32, "cpu")
+        out.append(teacher_forward(m, seq)[1])
+    assert not torch.allclose(out[0], out[1], atol=1e-3)
+
+
+def test_dflash_equals_ar(models):
+    ps = families.prompts(10, seed=3)
+    assert families.assert_lossless(models["t"], models["d"], ps) > 0
+
+
+def test_batched_dflash_equals_ar_beyond_the_window(models):
+    ps = families.prompts(8, seed=5, lo=12, hi=60)
+    acc = families.assert_lossless(models["t"], models["d"], ps, max_tokens=40, draft_lens=(7, 3),
+                                   max_num_tokens=40, max_batch_size=3)
+    assert acc > 0
+
+
+def mxfp4_pack(w: torch.Tensor, g: torch.Generator):
+    """Random MXFP4 tensors with the shape of a fused [E, in, out] weight: (blocks, scales)."""
+    e, n_in, n_out = w.shape
+    blocks = torch.randint(0, 256, (e, n_out, n_in // 32, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(120, 130, (e, n_out, n_in // 32), generator=g, dtype=torch.uint8)
+    return blocks, scales
+
+
+def test_mxfp4_experts_dequantise_like_transformers(models, tmp_path):
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from dflash_trt.models.gpt_oss import dequantize_mxfp4
+
+    g = torch.Generator().manual_seed(0)
+    src = load_file(os.path.join(models["t"], "model.safetensors"))
+    packed, dense = dict(src), dict(src)
+    for k, v in src.items():
+        if k.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            b, s = mxfp4_pack(v, g)
+            ref = convert_moe_packed_tensors(b, s, dtype=torch.float32)
+            assert torch.equal(dequantize_mxfp4(b, s), ref)
+            del packed[k]
+            packed[k + "_blocks"], packed[k + "_scales"] = b, s
+            dense[k] = ref
+    # the MXFP4 checkpoint and the same weights in float run identically through the engine
+    for name, w in (("mx", packed), ("dense", dense)):
+        shutil.copytree(models["t"], tmp_path / name)
+        save_file(w, str(tmp_path / name / "model.safetensors"))
+    tiny.edit_json(str(tmp_path / "mx" / "config.json"), quantization_config={"quant_method": "mxfp4"})
+    from dflash_trt import LLM, SamplingParams
+    ps = families.prompts(3, seed=4)
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    a = LLM(target=str(tmp_path / "mx"), speculative=False).generate(ps, sp)
+    b = LLM(target=str(tmp_path / "dense"), speculative=False).generate(ps, sp)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_missing_sinks_fail_clearly(models, tmp_path):
+    from dflash_trt import LLM
+
+    d = tmp_path / "nosinks"
+    shutil.copytree(models["t"], d)
+    w = load_file(str(d / "model.safetensors"))
+    del w["model.layers.2.self_attn.sinks"]
+    save_file(w, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"no attention sinks for layers \[2\]"):
+        LLM(target=str(d), speculative=False)
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(num_experts_per_tok=5), "unsupported gpt_oss MoE layout"),
+    (dict(layer_types=["sliding_attention"] * 3), "config.json is invalid for gpt_oss: .*layer_types"),
+    (dict(sliding_window=0), "positive sliding_window"),
+    (dict(quantization_config={"quant_method": "gptq"}), "unsupported gpt_oss quantization"),
+])
+def test_bad_configs_fail_clearly(models, tmp_path, change, msg):
+    d = tmp_path / "bad"
+    shutil.copytree(models["t"], d)
+    tiny.edit_json(str(d / "config.json"), **change)
+    with pytest.raises(CheckpointError, match=msg):
+        TargetConfig.from_dir(str(d))
+
+
+@pytest.fixture(scope="module")
+def engines(models, tmp_path_factory):
+    from dflash_trt.builder.cli import main as build
+
+    root = tmp_path_factory.mktemp("gpt_oss_engines")
+    out = {}
+    for name, flags in {"bf16": [], "fp8": ["--quantization", "fp8"]}.items():
+        if name == "fp8":
+            pytest.importorskip("modelopt")
+        out[name] = str(root / name)
+        assert build(["--target", models["t"], "--draft", models["d"], "--output", out[name], "--quiet",
+                      "--max-seq-len", "512"] + flags) == 0
+    return out
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8"])
+def test_engines_build_and_run_losslessly(engines, name):
+    from safetensors import safe_open
+
+    e = engines[name]
+    with open(os.path.join(e, "engine.json")) as f:
+        rec = json.load(f)
+    assert (rec["model_type"], rec["block_size"], rec["max_draft_len"], rec["sliding_window"]) == ("gpt_oss", 8, 7, WINDOW)
+    with safe_open(os.path.join(e, "target", "model.safetensors"), "pt") as h:
+        experts = h.get_tensor("model.layers.1.mlp.experts.gate_up_proj")
+        sinks = h.get_tensor("model.layers.1.self_attn.sinks")
+    assert experts.dtype == (torch.float8_e4m3fn if name == "fp8" else torch.bfloat16)  # ModelOpt covers experts
+    assert sinks.dtype == torch.bfloat16  # never quantized
+    with open(os.path.join(e, "trtllm", "dflash.yaml")) as f:
+        assert "moe_expert_parallel_size: 1" in f.read()
+    ps = families.prompts(4, seed=2, lo=10, hi=30)
+    families.assert_lossless(e, None, ps, max_tokens=16, draft_lens=(7,), dtype="bfloat16", tp_size=1)
