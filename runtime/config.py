@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from .errors import CheckpointError, PairError
 
 SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                     "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+                     "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
+                     "gemma3_text": "Gemma3ForCausalLM"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -91,6 +92,10 @@ class TargetConfig:
     layer_types: list[str] | None = None  # per layer: full_attention | sliding_attention
     sliding_window: int | None = None
     moe: MoeConfig | None = None
+    rope_local: RopeConfig | None = None  # sliding layers' own RoPE (Gemma 3); None: `rope` everywhere
+    attn_scale: float | None = None  # softmax scale when not head_dim ** -0.5 (Gemma 3 query_pre_attn_scalar)
+    embed_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden_size))
+    final_logit_softcapping: float | None = None
 
     def window(self, layer: int) -> int | None:
         """The layer's sliding window (keys p - window + 1 .. p), None for full attention."""
@@ -206,7 +211,32 @@ def _gpt_oss(cfg: TargetConfig, hf) -> None:
                               "or a bf16 checkpoint")
 
 
-_FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss}
+def _gemma3_text(cfg: TargetConfig, hf) -> None:
+    if getattr(hf, "use_bidirectional_attention", False):
+        raise CheckpointError("unsupported gemma3_text use_bidirectional_attention: only causal decoders can "
+                              "be speculated on")
+    if getattr(hf, "attn_logit_softcapping", None):
+        raise CheckpointError("unsupported gemma3_text attn_logit_softcapping: attention-score soft-capping "
+                              "(a Gemma 2 feature) is not implemented; Gemma 3 checkpoints leave it null")
+    if cfg.hidden_act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise CheckpointError(f"unsupported gemma3_text hidden_activation {cfg.hidden_act!r}: only "
+                              "gelu_pytorch_tanh")
+    rp = hf.rope_parameters or {}
+    if "full_attention" not in rp or "sliding_attention" not in rp:
+        raise CheckpointError(f"gemma3_text rope_parameters must hold full_attention and sliding_attention "
+                              f"entries, got {sorted(rp)}")
+    cfg.rope = RopeConfig.from_hf(rp["full_attention"], max_pos=cfg.max_position_embeddings)
+    cfg.rope_local = RopeConfig.from_hf(rp["sliding_attention"], max_pos=cfg.max_position_embeddings)
+    cfg.layer_types = list(hf.layer_types)
+    cfg.sliding_window = hf.sliding_window
+    cfg.qk_norm = True
+    cfg.attn_scale = float(hf.query_pre_attn_scalar) ** -0.5
+    cfg.embed_scale = cfg.hidden_size ** 0.5
+    cap = getattr(hf, "final_logit_softcapping", None)
+    cfg.final_logit_softcapping = float(cap) if cap else None
+
+
+_FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "gemma3_text": _gemma3_text}
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -91,3 +91,31 @@ def assert_lossless(t: str, d: str | None, ps, max_tokens: int = 24, draft_lens=
             accepted += o.accepted
         assert llm.engine.blocks.num_free == llm.engine.blocks.num_blocks
     return accepted
+
+
+def build_engines(target: str, draft: str, root, flags: dict[str, list[str]]) -> dict[str, str]:
+    """dflash-build (in process) one engine per entry of flags; fp8 entries need ModelOpt."""
+    import pytest
+
+    from dflash_trt.builder.cli import main as build
+
+    out = {}
+    for name, extra in flags.items():
+        if "--quantization" in extra:
+            pytest.importorskip("modelopt")
+        out[name] = str(root / name)
+        assert build(["--target", target, "--draft", draft, "--output", out[name], "--quiet"] + extra) == 0
+    return out
+
+
+def target_tensor(engine: str, name: str) -> torch.Tensor:
+    import glob
+    import os
+
+    from safetensors import safe_open
+
+    for f in sorted(glob.glob(os.path.join(engine, "target", "*.safetensors"))):
+        with safe_open(f, "pt") as h:
+            if name in h.keys():
+                return h.get_tensor(name)
+    raise KeyError(name)

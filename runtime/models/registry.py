@@ -12,6 +12,9 @@ def target_class(model_type: str):
     if model_type == "gpt_oss":
         from .gpt_oss import GptOssModel
         return GptOssModel
+    if model_type == "gemma3_text":
+        from .gemma3 import Gemma3Model
+        return Gemma3Model
     return TargetModel
 
 
