@@ -178,6 +178,12 @@ def check_target(plan: BuildPlan) -> None:
         raise BuildError(f"--target architectures {archs} are not supported for model_type {model_type!r}: "
                          f"give a {expected} checkpoint (a causal LM with an lm_head)")
     plan.architecture = expected
+    method = (raw.get("quantization_config") or {}).get("quant_method")
+    if method == "mxfp4" and model_type == "gpt_oss":  # the gpt-oss release: experts stay MXFP4, as TRT-LLM runs them
+        if plan.quantization != "bf16" or plan.kv_cache_dtype != "auto":
+            raise BuildError("--target is the MXFP4 gpt-oss release: its experts are kept as released, so build it "
+                             "with --quantization bf16 --kv-cache-dtype auto (or start from a bf16 checkpoint)")
+        return
     if raw.get("quantization_config") or os.path.isfile(os.path.join(plan.target, "hf_quant_config.json")):
         raise BuildError(f"--target {plan.target} is already quantized: give the original bf16/fp16 checkpoint "
                          "(dflash-build quantizes it itself)")

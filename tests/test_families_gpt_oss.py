@@ -130,6 +130,18 @@ def test_mxfp4_experts_dequantise_like_transformers(models, tmp_path):
     a = LLM(target=str(tmp_path / "mx"), speculative=False).generate(ps, sp)
     b = LLM(target=str(tmp_path / "dense"), speculative=False).generate(ps, sp)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    # dflash-build keeps the release's MXFP4 experts (TensorRT-LLM runs them natively) and refuses to requantize
+    from dflash_trt.builder.cli import main as build
+
+    eng = tmp_path / "engine"
+    assert build(["--target", str(tmp_path / "mx"), "--draft", models["d"], "--output", str(eng), "--quiet"]) == 0
+    assert families.target_tensor(str(eng), "model.layers.0.mlp.experts.down_proj_blocks").dtype == torch.uint8
+    # the copy is bf16 outside the experts (MXFP4 values are exact in bf16): compare both in bf16
+    c = LLM(model=str(eng), speculative=False, dtype="bfloat16").generate(ps, sp)
+    a16 = LLM(target=str(tmp_path / "mx"), speculative=False, dtype="bfloat16").generate(ps, sp)
+    assert [o.token_ids for o in c] == [o.token_ids for o in a16]
+    assert build(["--target", str(tmp_path / "mx"), "--draft", models["d"], "--output", str(tmp_path / "e2"),
+                  "--quiet", "--quantization", "fp8"]) == 2
 
 
 def test_missing_sinks_fail_clearly(models, tmp_path):
