@@ -3,6 +3,11 @@
 `AsyncLLM.generate(...)` is an async iterator of RequestOutput whose `delta_text` / `delta_token_ids` hold what
 is new since the previous item; breaking out of it (or cancelling the task, or a client disconnect in the
 server) aborts the request, and its cache blocks are freed before the next iteration.
+
+Under tensor parallelism (`mpirun -n N`, only rank 0 gets an LLM to wrap) this thread is the only one that
+talks to the other ranks: every `engine.step()` sends them the step's requests and aborts, and while idle it
+sends a heartbeat every `heartbeat_s` renewing a lease of `follower_timeout_s` (default DFLASH_TP_TIMEOUT, 60 s),
+so followers of a hung rank 0 exit instead of waiting forever (runtime/tensor_parallel.py, SPMD).
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
+from .errors import DFlashError
 from .llm import LLM, RequestOutput
 from .sampling import SamplingParams
 
@@ -37,8 +43,17 @@ class _Pending:
 
 
 class AsyncLLM:
-    def __init__(self, llm: LLM):
+    def __init__(self, llm: LLM, *, heartbeat_s: float = 1.0, follower_timeout_s: float | None = None):
         self.llm = llm  # admission limits (429) are the server's job: this class never refuses a request
+        self._spmd = llm.engine.spmd  # None without tensor parallelism
+        if self._spmd is not None:
+            from .tensor_parallel import serve_lease_s
+
+            self._lease_s = follower_timeout_s or serve_lease_s()
+            if not 0 < heartbeat_s < self._lease_s:
+                raise DFlashError(f"heartbeat_s {heartbeat_s} must be positive and below the followers' timeout "
+                                  f"{self._lease_s}")
+        self._heartbeat_s = heartbeat_s
         self._cv = threading.Condition()
         self._pending: list[_Pending] = []
         self._aborts: list[str] = []
@@ -102,30 +117,50 @@ class AsyncLLM:
             if st is not None and st.seq is not None:
                 self.llm.engine.release(st.seq)
 
+    def _has_work(self) -> bool:
+        return bool(self._stop or self._pending or self._aborts or self.llm.engine.has_unfinished())
+
     def _run(self) -> None:
-        eng = self.llm.engine
-        while True:
-            with self._cv:
-                while not self._stop and not self._pending and not self._aborts and not eng.has_unfinished():
-                    self._cv.wait()
-                if self._stop:
-                    return
-            self._admit()
-            if not eng.has_unfinished():
-                continue
-            try:
-                outs = eng.step()
-            except Exception as e:  # an engine failure ends every request with the error, not a hang
-                for rid, st in list(self._streams.items()):
-                    st.loop.call_soon_threadsafe(st.queue.put_nowait, e)
-                    eng.abort(rid)
-                self._streams.clear()
-                continue
-            self.llm._postprocess(outs)
-            for o in outs:
-                st = self._streams.get(o.seq.request_id)
-                if st is not None:
-                    self._emit(o.seq, st)
+        eng, spmd = self.llm.engine, self._spmd
+        try:
+            if spmd is not None:
+                spmd.set_lease(self._lease_s)
+            while True:
+                with self._cv:
+                    if not self._has_work():
+                        self._cv.wait(self._heartbeat_s if spmd is not None else None)
+                    if self._stop:
+                        return
+                    busy = self._has_work()
+                if not busy:
+                    if spmd is not None:  # idle: the followers must still hear from rank 0 within the lease
+                        spmd.heartbeat()
+                    continue
+                self._step(eng)
+        finally:
+            if spmd is not None:  # no more promises: rank 0 may use the LLM without this thread now
+                try:
+                    spmd.set_lease(None)
+                except Exception:  # the other ranks are gone already
+                    pass
+
+    def _step(self, eng) -> None:
+        self._admit()
+        if not eng.has_unfinished():
+            return
+        try:
+            outs = eng.step()
+        except Exception as e:  # an engine failure ends every request with the error, not a hang
+            for rid, st in list(self._streams.items()):
+                st.loop.call_soon_threadsafe(st.queue.put_nowait, e)
+                eng.abort(rid)
+            self._streams.clear()
+            return
+        self.llm._postprocess(outs)
+        for o in outs:
+            st = self._streams.get(o.seq.request_id)
+            if st is not None:
+                self._emit(o.seq, st)
 
     def _emit(self, seq, st: _Stream) -> None:
         out: RequestOutput = self.llm._output(seq, st.prompt)

@@ -7,11 +7,16 @@ backend, hence MPI only for the rendezvous.
 
 Every collective counts the bytes it moves (`bytes_communicated`: the bytes this rank sends plus receives,
 whatever algorithm the backend picks), so benchmarks can report the traffic per engine step.
+
+`Channel` carries rank 0's control messages (runtime/tensor_parallel.py's SPMD) on a gloo group of its own, so a
+receiver can wait with a deadline and still notice signals, which a blocking collective cannot.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
+import re
 import socket
 
 import torch
@@ -38,6 +43,43 @@ def env_world() -> tuple[int, int]:
 def is_driver_process() -> bool:
     """True on rank 0 (or when not launched by mpirun/torchrun): the rank that owns I/O."""
     return env_world()[0] == 0
+
+
+def _mpi_comm():
+    """MPI.COMM_WORLD under mpirun, None under torchrun or alone."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return None
+    if env_world()[1] <= 1:
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise DFlashError("tensor parallelism under mpirun needs mpi4py: pip install mpi4py mpich") from None
+    return MPI.COMM_WORLD
+
+
+def driver_check(check) -> None:
+    """Run `check` (which raises DFlashError) on rank 0 only and raise its error on every rank.
+
+    For checks of rank 0's own resources (the HTTP port) before the ranks' group exists: if rank 0 alone
+    failed, the other ranks would sit in the rendezvous until the launcher killed them, and the user would see
+    mpirun's crash banner instead of one line. Under torchrun (no MPI) the other ranks skip the check.
+    """
+    rank, size = env_world()
+    if size <= 1:
+        check()
+        return
+    err = None
+    if rank == 0:
+        try:
+            check()
+        except DFlashError as e:
+            err = str(e)
+    comm = _mpi_comm()
+    if comm is not None:
+        err = comm.bcast(err, root=0)
+    if err is not None:
+        raise DFlashError(err)
 
 
 def _free_port(host: str) -> int:
@@ -110,6 +152,79 @@ class Distributed:
         import torch.distributed as dist
 
         dist.barrier(group=self.group)
+
+
+class PeerGone(Exception):
+    """A Channel receive that ended without a message: the sender failed, or the caller stopped waiting."""
+
+
+class Channel:
+    """Pickled messages from rank 0 to every rank, on a CPU gloo group of their own.
+
+    Why not `broadcast_object_list` on the model's group: a receiver blocked in a collective can neither time
+    out early nor run Python signal handlers until a message arrives. Here receivers wait in short slices and ask
+    `give_up()` between them (a deadline, a signal), and the group is gloo even when the model's is NCCL.
+    Messages up to HEAD - 8 bytes (every engine step's) cost one broadcast; longer ones a second for the rest.
+    """
+
+    HEAD = 256
+    SLICE_S = 0.5
+
+    def __init__(self, d: Distributed):
+        import torch.distributed as dist
+
+        self.d = d
+        self.group = dist.new_group(backend="gloo")  # collective: every rank creates it at the same point
+
+    def send(self, obj) -> None:
+        import torch.distributed as dist
+
+        data = pickle.dumps(obj)
+        k = self.HEAD - 8
+        head = bytearray(self.HEAD)
+        head[:8] = len(data).to_bytes(8, "little")
+        head[8:8 + min(k, len(data))] = data[:k]
+        dist.broadcast(torch.frombuffer(head, dtype=torch.uint8), 0, group=self.group)
+        sent = self.HEAD
+        if len(data) > k:
+            dist.broadcast(torch.frombuffer(bytearray(data[k:]), dtype=torch.uint8), 0, group=self.group)
+            sent += len(data) - k
+        self.d._count(sent * (self.d.world_size - 1), 0)
+
+    def recv(self, give_up=lambda: None):
+        """The next message; PeerGone when the sender failed or `give_up()` returned a reason (a string)."""
+        head = torch.empty(self.HEAD, dtype=torch.uint8)
+        self._wait(head, give_up)
+        raw = head.numpy().tobytes()
+        n, k = int.from_bytes(raw[:8], "little"), self.HEAD - 8
+        data = raw[8:8 + min(n, k)]
+        if n > k:
+            rest = torch.empty(n - k, dtype=torch.uint8)
+            self._wait(rest, give_up)
+            data += rest.numpy().tobytes()
+        self.d._count(0, self.HEAD + max(0, n - k))
+        return pickle.loads(data)
+
+    def _wait(self, t: torch.Tensor, give_up) -> None:
+        import torch.distributed as dist
+
+        work = dist.broadcast(t, 0, group=self.group, async_op=True)
+        while True:
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=self.SLICE_S))
+                return
+            except RuntimeError as e:
+                if work.is_completed():  # finished just now, or failed: a second wait returns or says why
+                    try:
+                        work.wait()
+                        return
+                    except RuntimeError as e2:  # gloo: "[pair.cc:537] Read error ...: Connection reset by peer. ..."
+                        why = re.sub(r"^\[[^\]]*\]\s*", "", (str(e2).splitlines() or [""])[0]).split(". ")[0]
+                        raise PeerGone(f"lost the connection to rank 0 ({why[:200]})") from None
+                last = e
+            why = give_up()
+            if why:
+                raise PeerGone(why) from last
 
 
 _current: Distributed | None = None

@@ -12,7 +12,12 @@ norms are replicated (small). Each rank reads only its slices of the safetensors
 """
 from __future__ import annotations
 
+import os
 import re
+import signal
+import sys
+import threading
+import time
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +26,7 @@ from torch import nn
 from . import ops
 from .checkpoint import iter_tensors
 from .config import DraftConfig, TargetConfig
-from .distributed import Distributed
+from .distributed import Channel, Distributed, PeerGone
 from .errors import DFlashError
 from .models.draft import DFlashDrafter
 from .models.target import Linear, TargetModel
@@ -258,33 +263,97 @@ def setup(cfg, paths, tcfg: TargetConfig, dcfg: DraftConfig | None) -> Distribut
     return init_distributed(cfg.device)
 
 
+def serve_lease_s() -> float:
+    """How long followers wait for rank 0's next message while it serves (env DFLASH_TP_TIMEOUT, seconds)."""
+    raw = os.environ.get("DFLASH_TP_TIMEOUT", "60")
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not v > 0:
+        raise DFlashError(f"DFLASH_TP_TIMEOUT={raw!r} must be a positive number of seconds")
+    return v
+
+
 class SPMD:
     """Every rank runs the same engine and scheduler; rank 0 owns I/O and, before each step, broadcasts the
     requests added, aborted or stopped (stop strings) since the last one. The others replay them and step:
     verification results are identical on all ranks (distributed argmax, gathered logits), so every rank
-    makes the same scheduling decisions."""
+    makes the same scheduling decisions.
+
+    The protocol (rank 0 -> all, on a Channel): ("step", msgs, lease), ("idle", msgs, lease) or ("shutdown", [],
+    None). `lease` is rank 0's promise of its next message within that many seconds, None for no promise.
+    `LLM.generate` makes none (a script may pause between calls); a server does (AsyncLLM sends "idle"
+    heartbeats while it has nothing to run), so a follower whose rank 0 hangs exits instead of waiting forever.
+    A rank 0 that dies closes its sockets, which followers notice at once.
+    """
+
+    GRACE_S = 30.0  # after SIGINT/SIGTERM, how long a follower waits for rank 0's shutdown message
 
     def __init__(self, engine):
         import atexit
 
         self.engine, self.dist = engine, engine.dist
         self.pending: list[tuple] = []
-        self.replaying = False
         self.closed = False
+        self.lease_s: float | None = None  # rank 0: sent with every message
+        # rank 0: held for a whole step (send + collectives) so a shutdown from another thread never lands in
+        # the middle of one (then tears the group down under it)
+        self.lock = threading.RLock()
         self.weight_bytes_per_rank = self.dist.all_gather_object(engine.weight_bytes)
+        self.channel = Channel(self.dist)
+        self._signalled: tuple[str, float] | None = None
         if self.dist.is_driver:
             atexit.register(self.shutdown)
 
+    # -- rank 0 -------------------------------------------------------------------------------------------
     def record(self, *msg) -> None:
         if self.dist.is_driver:
             self.pending.append(msg)
 
-    def send(self) -> None:
+    def _broadcast(self, kind: str) -> None:
         if not self.dist.is_driver:
             raise DFlashError("only rank 0 drives the engine; the other ranks call engine.follow()")
+        if self.closed:
+            raise DFlashError("the tensor-parallel engine was shut down")
         msgs, self.pending = self.pending, []
-        self.dist.broadcast_object(("step", msgs))
+        self.channel.send((kind, msgs, self.lease_s))
 
+    def send(self) -> None:
+        """Before rank 0's step (engine.step holds `lock` around this and the step)."""
+        self._broadcast("step")
+
+    def heartbeat(self) -> None:
+        """Rank 0 with nothing to run: renew the lease (and pass on aborts that need no step)."""
+        with self.lock:
+            if not self.closed:
+                self._broadcast("idle")
+
+    def set_lease(self, seconds: float | None) -> None:
+        """Promise followers a message at least every `seconds` from now on (None: no promise); told at once."""
+        with self.lock:
+            self.lease_s = seconds
+            if not self.closed:
+                self._broadcast("idle")
+
+    def shutdown(self, wait_s: float = 60.0) -> None:
+        """Rank 0: release the other ranks from follow() (also at exit)."""
+        if self.closed or not self.dist.is_driver:
+            return
+        if not self.lock.acquire(timeout=wait_s):  # a step hung: the followers' lease or rank 0's exit ends them
+            return
+        try:
+            if self.closed:
+                return
+            self.closed = True
+            self.channel.send(("shutdown", [], None))
+            self.dist.close()
+        except Exception:  # the group is already gone (a rank died): nothing to release
+            pass
+        finally:
+            self.lock.release()
+
+    # -- ranks > 0 ----------------------------------------------------------------------------------------
     def _apply(self, msg) -> None:
         eng = self.engine
         kind = msg[0]
@@ -298,27 +367,57 @@ class SPMD:
             if seq is not None:
                 eng.finish_on_stop_string(seq, msg[2])
 
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self._signalled is not None:  # a second one: the user insists
+            self._exit(f"second {name}", 128 + signum)
+        self._signalled = (name, time.monotonic())
+
+    def _exit(self, why: str, code: int = 1):
+        print(f"dflash: rank {self.dist.rank}: {why}: exiting", file=sys.stderr, flush=True)
+        # not sys.exit: interpreter teardown would join gloo threads still blocked on the silent rank 0
+        os._exit(code)
+
     def follow(self) -> None:
+        """Ranks > 0: mirror rank 0's engine until it shuts down; exit the process if rank 0 goes silent."""
+        main = threading.current_thread() is threading.main_thread()
+        # mpirun forwards SIGINT/SIGTERM to every rank; rank 0 then shuts the others down in order, so a
+        # follower dying first would only break rank 0's last step and print mpirun's crash banner
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            self._follow()
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _follow(self) -> None:
         eng = self.engine
+        lease = None
         while True:
-            kind, msgs = self.dist.broadcast_object(None)
+            start = time.monotonic()
+
+            def give_up():
+                now = time.monotonic()
+                if self._signalled is not None and now - self._signalled[1] > self.GRACE_S:
+                    return f"got {self._signalled[0]} and rank 0 sent no shutdown within {self.GRACE_S:g} s"
+                if lease is not None and now - start > lease:
+                    return f"no message from rank 0 for {lease:g} s (it hung or is gone)"
+                return None
+
+            try:
+                kind, msgs, lease = self.channel.recv(give_up)
+            except PeerGone as e:
+                self._exit(str(e))
             if kind == "shutdown":
                 self.closed = True
                 self.dist.close()
                 return
             for m in msgs:
                 self._apply(m)
-            eng._step()
+            if kind == "step":
+                try:
+                    eng._step()
+                except DFlashError as e:  # rank 0 hit the same error; it aborts those requests next
+                    print(f"dflash: rank {self.dist.rank}: step failed: {e}", file=sys.stderr, flush=True)
             for rid in [r for r, s in eng.sequences.items() if s.is_finished]:
                 del eng.sequences[rid]  # rank 0's caller releases its own copies
-
-    def shutdown(self) -> None:
-        """Rank 0: release the other ranks from follow() (also at exit)."""
-        if self.closed or not self.dist.is_driver:
-            return
-        self.closed = True
-        try:
-            self.dist.broadcast_object(("shutdown", []))
-            self.dist.close()
-        except Exception:  # the group is already gone (a rank died): nothing to release
-            pass

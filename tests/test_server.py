@@ -365,8 +365,10 @@ def test_cli_errors_are_one_line(pair, tmp_path, capsys):
     assert main(["--target", str(tmp_path / "missing"), "--port", str(free_port())]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "not found" in err and "\n" not in err
-    assert main(["--target", pair[0], "--draft", pair[1], "--tp-size", "2"]) == 2
-    assert "tensor parallelism" in capsys.readouterr().err
+    # one process cannot be TP=2: the one-line hint to launch it under mpirun
+    assert main(["--target", pair[0], "--draft", pair[1], "--tp-size", "2", "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: tp_size is 2 but 1 rank(s) are running: launch with `mpirun -n 2") and "\n" not in err
 
 
 # -- --backend trtllm -------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 
@@ -35,8 +36,10 @@ def make_parser() -> argparse.ArgumentParser:
                    "(default 4 x max-batch-size)")
     p.add_argument("--served-model-name", help="model id in the API (default: the model directory's name)")
     p.add_argument("--backend", choices=("native", "trtllm"), default="native",
-                   help="native: this package's engine (CPU or one GPU); trtllm: exec trtllm-serve on ENGINE_DIR")
-    p.add_argument("--tp-size", type=int, help="trtllm: tensor-parallel size (default: the engine's)")
+                   help="native: this package's engine (CPU or GPUs, tensor parallel under mpirun); trtllm: exec "
+                   "trtllm-serve on ENGINE_DIR")
+    p.add_argument("--tp-size", type=int, help="tensor-parallel size (native: default engine.json's tp_size, else "
+                   "the ranks mpirun started: `mpirun -n 2 dflash-serve ...`; trtllm: default the engine's)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--dry-run", action="store_true", help="trtllm: print the trtllm-serve command and exit")
     return p
@@ -82,6 +85,8 @@ def _engine_defaults(args) -> dict:
     for k in ("dtype", "device"):
         if getattr(args, k):
             kw[k] = getattr(args, k)
+    if args.tp_size is not None:
+        kw["tp_size"] = args.tp_size
     return kw
 
 
@@ -102,11 +107,19 @@ def _check_port(host: str, port: int) -> None:
 
 
 def _native(args) -> int:
-    if args.tp_size not in (None, 1):
-        raise DFlashError("--tp-size: the native backend runs on one device; tensor parallelism is --backend trtllm")
+    """Under `mpirun -n N` every rank gets here: rank 0 serves HTTP; the others never return from LLM(...), they
+    execute each engine step rank 0's AsyncLLM sends them and exit when it shuts the engine down."""
+    from ..distributed import driver_check
+    from ..tensor_parallel import serve_lease_s
+
     if args.max_queue is not None and args.max_queue < 1:
         raise DFlashError(f"--max-queue {args.max_queue} must be a positive integer")
-    _check_port(args.host, args.port)
+
+    def rank0_checks():  # only rank 0 listens; its verdict is every rank's, before any model is loaded
+        _check_port(args.host, args.port)
+        serve_lease_s()
+
+    driver_check(rank0_checks)
     import uvicorn
 
     from ..llm import LLM
@@ -114,15 +127,35 @@ def _native(args) -> int:
 
     llm = LLM(args.model, target=args.target, draft=args.draft, speculative=not args.no_spec,
               **_engine_defaults(args))
-    app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key, max_queue=args.max_queue)
-    srv = app.state.dflash
-    c = llm.config
-    print(f"dflash-serve: {srv.model_name} ({'DFlash' if c.speculative else 'autoregressive'}, {c.device}, "
-          f"max_batch_size {c.max_batch_size}, max_seq_len {c.max_seq_len}, max_queue {srv.max_queue}"
-          f"{', API key required' if srv.api_key else ''}) on http://{args.host}:{args.port}/v1",
-          file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again once done: to the handler
+    # found before it. Ours turns that into _Stopped, so the other ranks are released below and the exit is 0
+    # (by default SIGTERM would kill this process first, and mpirun would report a crash).
+    handlers = {s: signal.signal(s, _stopped) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
+                         max_queue=args.max_queue)
+        srv = app.state.dflash
+        c, tp = llm.config, llm.engine.tp_size
+        print(f"dflash-serve: {srv.model_name} ({'DFlash' if c.speculative else 'autoregressive'}, {c.device}"
+              f"{f', tensor parallel over {tp} ranks' if tp > 1 else ''}, max_batch_size {c.max_batch_size}, "
+              f"max_seq_len {c.max_seq_len}, max_queue {srv.max_queue}{', API key required' if srv.api_key else ''})"
+              f" on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    except _Stopped:
+        pass
+    finally:  # however the HTTP server ended (signal, failed bind, error): release the other ranks now
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+        llm.engine.shutdown()
     return 0
+
+
+class _Stopped(Exception):
+    """A signal asked the server to stop, and it did."""
+
+
+def _stopped(signum, frame):
+    raise _Stopped()
 
 
 # -- trtllm -------------------------------------------------------------------------------------------------------
