@@ -9,6 +9,7 @@ import torch
 from .engine_config import EngineConfig
 from .errors import DFlashError
 from .kv_cache import BlockManager, allocate_caches, bytes_per_block
+from .draft_policy import DraftLengthPolicy, StepCosts
 from .draft_vocab import load_draft_vocab
 from .loader import ModelPaths, load_configs, load_models
 from . import ops, tensor_parallel
@@ -92,7 +93,8 @@ class LLMEngine:
         d_caches = allocate_caches(num_blocks, page, d_layers, cfg.torch_dtype, cfg.device) if dcfg else []
         self.runner = ModelRunner(self.target, self.drafter, t_caches, d_caches, page, cfg.device,
                                   use_plugins=cfg.use_plugins)
-        self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len)
+        self.policy = DraftLengthPolicy(cfg.draft_len_policy, StepCosts.for_device(cfg.device, cfg.step_costs))
+        self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len, self.policy)
         self.metrics = EngineMetrics()
         self.sequences: dict[str, Sequence] = {}
         self.weight_bytes = tensor_parallel.weight_bytes(self.target, self.drafter)
@@ -111,6 +113,8 @@ class LLMEngine:
         seq = Sequence(list(prompt_ids), params, request_id=request_id or "")
         if self.cfg.trace:
             seq.trace = []
+        if self.max_draft_len:
+            seq.acceptance = self.policy.new_estimate()
         if seq.request_id in self.sequences:
             raise DFlashError(f"duplicate request id {seq.request_id!r}")
         self.sequences[seq.request_id] = seq
@@ -166,6 +170,8 @@ class LLMEngine:
                 seq.drafted += len(res.drafts)
                 seq.accepted += res.accepted
                 seq.accept_hist.append(res.accepted)
+                if seq.acceptance is not None:
+                    self.policy.observe(seq.acceptance, len(res.drafts), res.accepted)
                 drafted += len(res.drafts)
                 accepted += res.accepted
                 if seq.trace is not None:

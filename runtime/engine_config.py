@@ -26,6 +26,10 @@ class EngineConfig:
     # turn speculation off for a request whose mean accepted drafts per step stays below this
     min_acceptance: float = 0.0
     acceptance_window: int = 8
+    # "adaptive": per request, the K (<= the schedule's) with the most tokens per unit time under a step-cost
+    # model (runtime/draft_policy.py); "fixed": always the schedule's K, as TensorRT-LLM does
+    draft_len_policy: str = "adaptive"
+    step_costs: dict | None = None  # overrides of the cost model's row / draft / draft_row
     dtype: str = "float32"
     device: str | None = None
     trace: bool = False
@@ -48,6 +52,12 @@ class EngineConfig:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.tp_size is not None and (not isinstance(self.tp_size, int) or self.tp_size < 1):
             raise DFlashError(f"tp_size must be a positive integer, got {self.tp_size!r}")
+        if self.draft_len_policy not in ("adaptive", "fixed"):
+            raise DFlashError(f"unknown draft_len_policy {self.draft_len_policy!r}: use adaptive or fixed")
+        if self.step_costs is not None:
+            bad = sorted(set(self.step_costs) - {"row", "draft", "draft_row"})
+            if bad or any(not isinstance(v, (int, float)) or v < 0 for v in self.step_costs.values()):
+                raise DFlashError("step_costs takes non-negative numbers for row, draft and draft_row only")
         if self.draft_len_schedule:
             self.draft_len_schedule = {int(k): int(v) for k, v in self.draft_len_schedule.items()}
 

@@ -1,6 +1,7 @@
 """Iteration-level scheduling: which requests run this step, with how many rows, and their cache blocks.
 
-Every iteration: decoding requests first (K+1 verify rows each, K from the draft-length schedule), then
+Every iteration: decoding requests first (K+1 verify rows each, K from the draft-length schedule capped by
+the request's own draft-length policy), then
 prefill chunks of running and newly admitted requests within the `max_num_tokens` row budget. When the cache
 runs out, the most recently admitted request is preempted (its blocks freed, recomputed later).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from .draft_policy import DraftLengthPolicy
 from .engine_config import EngineConfig
 from .kv_cache import BlockManager
 from .sequence import Sequence, Status
@@ -23,8 +25,9 @@ class Scheduled:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, blocks: BlockManager, max_draft_len: int):
-        self.cfg, self.blocks, self.max_draft_len = cfg, blocks, max_draft_len
+    def __init__(self, cfg: EngineConfig, blocks: BlockManager, max_draft_len: int,
+                 policy: DraftLengthPolicy | None = None):
+        self.cfg, self.blocks, self.max_draft_len, self.policy = cfg, blocks, max_draft_len, policy
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -52,12 +55,13 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(victim)
 
-    def _draft_len(self, seq: Sequence, k: int) -> int:
+    def _draft_len(self, seq: Sequence, k: int, batch: int) -> int:
         if not seq.spec_enabled:
             return 0
         left = seq.params.max_tokens - seq.num_output  # tokens still allowed; a step commits up to K+1
         room = self.cfg.max_seq_len - len(seq.token_ids)
-        return max(0, min(k, left - 1, room))
+        k = max(0, min(k, left - 1, room))
+        return self.policy.choose(seq.acceptance, k, batch) if self.policy is not None else k
 
     def schedule(self) -> list[Scheduled]:
         budget, out = self.cfg.max_num_tokens, []
@@ -66,7 +70,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq.in_prefill or seq not in self.running or budget < 1:
                 continue
-            kk = min(self._draft_len(seq, k), budget - 1)
+            kk = min(self._draft_len(seq, k, len(decoding)), budget - 1)
             need = seq.num_computed + kk + 1
             while not self.blocks.can_grow(seq.block_table, need):
                 victim = self.running[-1]

@@ -35,6 +35,7 @@ class Sequence:
     drafted: int = 0
     accepted: int = 0
     accept_hist: list[int] = field(default_factory=list)  # accepted draft tokens per step
+    acceptance: object | None = None  # draft_policy.AcceptanceEstimate of a speculating request
     trace: list[tuple[list[int], int]] | None = None  # (draft tokens, accepted length) per step
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

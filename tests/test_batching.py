@@ -55,6 +55,7 @@ def test_lossless_under_load_with_chunking_and_preemption(pair, spec):
     got = run_with_arrivals(loaded, reqs)
     assert got == alone
     small = LLM(target=t, draft=d if spec else None, speculative=spec, max_num_tokens=64, max_batch_size=32,
+                draft_len_policy="fixed",
                 page_size=4, max_seq_len=128, kv_cache_bytes=_bytes_for(t, d if spec else None, pages=48, page=4))
     assert run_with_arrivals(small, reqs) == alone
     assert small.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"

@@ -33,7 +33,7 @@ def test_dflash_equals_ar_every_draft_len(b16_pairs, name):
     ar = [o.token_ids for o in LLM(target=t, speculative=False).generate(ps, sp)]
     accepted_any = 0
     for k in range(1, 16):
-        llm = LLM(target=t, draft=d, max_draft_len=k)
+        llm = LLM(target=t, draft=d, draft_len_policy="fixed", max_draft_len=k)
         outs = llm.generate(ps, sp)
         for i, o in enumerate(outs):
             assert o.token_ids == ar[i], f"{name} K={k} prompt {i}"
@@ -72,7 +72,7 @@ def test_every_acceptance_length_is_exercised(b16_pairs, k):
     ps = prompts(8, seed=k)
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     ar = LLM(target=t, speculative=False).generate(ps, sp)
-    llm = LLM(target=t, draft=d, max_draft_len=k, trace=True)
+    llm = LLM(target=t, draft=d, draft_len_policy="fixed", max_draft_len=k, trace=True)
     eng = llm.engine
     seqs = [eng.add_request(p, sp) for p in ps]
     oracle = OracleDrafter(eng.runner, {s.seq_id: a.token_ids for s, a in zip(seqs, ar)})
@@ -91,17 +91,17 @@ def test_batch_and_arrival_do_not_change_output(b16_pairs):
     t, d = b16_pairs["qwen3"]
     ps = prompts(12, seed=7)
     sp = SamplingParams(max_tokens=30, ignore_eos=True)
-    alone = [LLM(target=t, draft=d).generate([p], sp)[0].token_ids for p in ps[:4]]
-    together = LLM(target=t, draft=d, max_num_tokens=24, max_batch_size=3).generate(ps, sp)  # chunked, queued
+    alone = [LLM(target=t, draft=d, draft_len_policy="fixed").generate([p], sp)[0].token_ids for p in ps[:4]]
+    together = LLM(target=t, draft=d, draft_len_policy="fixed", max_num_tokens=24, max_batch_size=3).generate(ps, sp)  # chunked, queued
     assert [o.token_ids for o in together[:4]] == alone
 
 
 def test_compiled_ops_are_the_default_and_match_the_pytorch_path(b16_pairs):
     t, d = b16_pairs["qwen3"]
     ps = prompts(6, seed=3)
-    compiled = LLM(target=t, draft=d, trace=True)
+    compiled = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True)
     assert compiled.engine.runner.ops is not None, "the plugins' CPU ops should build and be used by default"
-    torch_path = LLM(target=t, draft=d, trace=True, use_plugins=False)
+    torch_path = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True, use_plugins=False)
     assert torch_path.engine.runner.ops is None
     for sp in (SamplingParams(max_tokens=20, ignore_eos=True),
                SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.7, top_p=0.9, seed=5)):
@@ -115,6 +115,6 @@ def test_bfloat16_dflash_equals_ar(b16_pairs, dtype):
     ps = prompts(8, seed=11)
     sp = SamplingParams(max_tokens=20, ignore_eos=True)
     ar = LLM(target=t, speculative=False, dtype=dtype).generate(ps, sp)
-    spec = LLM(target=t, draft=d, dtype=dtype, max_draft_len=7).generate(ps, sp)
+    spec = LLM(target=t, draft=d, draft_len_policy="fixed", dtype=dtype, max_draft_len=7).generate(ps, sp)
     assert [o.token_ids for o in spec] == [o.token_ids for o in ar]
     assert sum(o.accepted for o in spec) > 0

@@ -61,7 +61,7 @@ def test_seeded_sampling_identical_to_ar_and_batch_independent(pair):
                            (0, 0.8, 7), (3, 1.0, 8), (0, 1.0, 9), (0, 1.0, 10)]]
     ar = [o.token_ids for o in LLM(target=t, speculative=False).generate(prompts, sps)]
     mode = int(exact_second_token_dist(t, PROMPT, 0.5, 0, 1.0).argmax())
-    llm = propose_always(LLM(target=t, draft=d), mode)
+    llm = propose_always(LLM(target=t, draft=d, draft_len_policy="fixed"), mode)
     spec = llm.generate(prompts, sps)
     assert [o.token_ids for o in spec] == ar
     assert sum(o.accepted for o in spec) > 0
@@ -88,7 +88,7 @@ def test_dflash_sampling_distribution_is_the_targets(pair, top_k, top_p):
     t, d = pair
     prompt, temp, n = PROMPT, 0.5, 1500
     exact = exact_second_token_dist(t, prompt, temp, top_k, top_p)
-    llm = propose_always(LLM(target=t, draft=d, max_batch_size=64, max_num_tokens=1024), int(exact.argmax()))
+    llm = propose_always(LLM(target=t, draft=d, draft_len_policy="fixed", max_batch_size=64, max_num_tokens=1024), int(exact.argmax()))
     sps = [SamplingParams(max_tokens=3, temperature=temp, top_k=top_k, top_p=top_p, seed=1000 + i,
                           ignore_eos=True) for i in range(n)]
     outs = llm.generate([prompt] * n, sps)

@@ -43,7 +43,7 @@ def test_drafts_and_acceptance_match_reference(tmp_path, block_size, prompt_len)
     max_new = 48
     ref_tokens, ref_logits, ref_acc = run_reference(t, d, prompt, max_new)
 
-    llm = LLM(target=t, draft=d, trace=True)
+    llm = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True)
     out = llm.generate([prompt], SamplingParams(max_tokens=max_new, ignore_eos=True))[0]
     assert out.token_ids == ref_tokens[:max_new]
     # near max_tokens both sides shorten the block differently: compare the full-block steps
@@ -58,7 +58,7 @@ def test_drafts_and_acceptance_match_reference(tmp_path, block_size, prompt_len)
         assert accepted + 1 == ref_acc[i], f"step {i}"
 
     # logits: recompute our drafter's logits for the first step and compare numerically
-    llm2 = LLM(target=t, draft=d)
+    llm2 = LLM(target=t, draft=d, draft_len_policy="fixed")
     eng = llm2.engine
     seq = eng.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True))
     eng.step()  # prefill: context cache filled, first token sampled

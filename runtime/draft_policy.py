@@ -1,0 +1,98 @@
+"""How many tokens to draft for each request this step: the K that maximises committed tokens per unit of time.
+
+A request's drafts are accepted position by position with some probability p (estimated from its own history,
+starting from the engine-wide rate), so K drafts commit E(K) = 1 + p + ... + p^K tokens per step. What a step
+costs depends on the machine and the load: a target pass streams the weights once (`fixed`) and pays `row` per
+row it verifies, and drafting adds `draft` plus `draft_row` per drafting request (all in units of `fixed`).
+Autoregressive decoding of the same batch B commits 1 token per request for fixed + row * B, so a request drafts
+K > 0 only when E(K) / cost(K) beats that: DFlash never runs where it would be slower than plain decoding.
+
+On a CPU the target's matmuls are compute-bound already at a few rows, so verify rows are expensive and K shrinks
+with load; on a GPU they are nearly free at small batch and K stays at the maximum. The policy uses only token
+statistics, never clocks, so every tensor-parallel rank and every rerun chooses the same K (losslessness never
+depends on K anyway).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# measured on the development CPU (2-core Xeon, embedded SmolLM2-135M pair, fp32, one thread): target step
+# ~60 ms, +5.5 ms per verify row, drafter pass ~8 ms + ~3 ms per request; on a GPU the weights dominate.
+CPU_COSTS = {"row": 0.09, "draft": 0.13, "draft_row": 0.05}
+GPU_COSTS = {"row": 0.002, "draft": 0.08, "draft_row": 0.002}
+
+
+@dataclass
+class StepCosts:
+    row: float
+    draft: float
+    draft_row: float
+
+    @classmethod
+    def for_device(cls, device: str, override: dict | None = None) -> "StepCosts":
+        base = dict(CPU_COSTS if str(device).startswith("cpu") else GPU_COSTS)
+        base.update(override or {})
+        return cls(**base)
+
+
+def expected_tokens(p: float, k: int) -> float:
+    return float(k + 1) if p >= 1.0 else (1.0 - p ** (k + 1)) / (1.0 - p)
+
+
+def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts) -> int:
+    """The K in 0..k_max with the most tokens per unit time when `batch` requests decode together."""
+    base = 1.0 / (1.0 + costs.row * batch)  # autoregressive: 1 token per request per step
+    best_k, best = 0, base
+    for k in range(1, k_max + 1):
+        cost = 1.0 + costs.row * batch * (k + 1) + costs.draft + costs.draft_row * batch
+        rate = expected_tokens(p, k) / cost
+        if rate > best * (1.0 + 1e-9):
+            best_k, best = k, rate
+    return best_k
+
+
+class AcceptanceEstimate:
+    """Per-position acceptance probability from (drafted K, accepted a) steps: each accepted draft is a
+    success, and a step that stopped before K shows one failure (the maximum-likelihood estimate of a
+    geometric acceptance run), with older steps decaying so the estimate follows the text."""
+
+    def __init__(self, prior_p: float = 0.5, prior_weight: float = 2.0, decay: float = 0.9):
+        self.succ, self.fail = prior_p * prior_weight, (1.0 - prior_p) * prior_weight
+        self.decay = decay
+        self.idle = 0  # consecutive steps without drafting
+
+    def update(self, k: int, accepted: int) -> None:
+        self.succ = self.succ * self.decay + accepted
+        self.fail = self.fail * self.decay + (1.0 if accepted < k else 0.0)
+
+    @property
+    def p(self) -> float:
+        total = self.succ + self.fail
+        return self.succ / total if total > 0 else 0.0
+
+
+class DraftLengthPolicy:
+    """K per request: adaptive (the cost model above) or fixed (the schedule's K, as TensorRT-LLM does).
+    A request the model sends to K = 0 still drafts 1 token every `probe_every` steps so its estimate can
+    recover when the text becomes predictable."""
+
+    def __init__(self, mode: str, costs: StepCosts, probe_every: int = 8):
+        self.mode, self.costs, self.probe_every = mode, costs, probe_every
+        self.engine_rate = AcceptanceEstimate(decay=0.98)  # the prior of new requests
+
+    def new_estimate(self) -> AcceptanceEstimate:
+        return AcceptanceEstimate(prior_p=self.engine_rate.p)
+
+    def observe(self, est: AcceptanceEstimate, k: int, accepted: int) -> None:
+        est.update(k, accepted)
+        self.engine_rate.update(k, accepted)
+
+    def choose(self, est: AcceptanceEstimate | None, k_cap: int, batch: int) -> int:
+        if self.mode == "fixed" or k_cap <= 0 or est is None:
+            return k_cap
+        k = best_draft_len(est.p, k_cap, batch, self.costs)
+        if k == 0:
+            est.idle += 1
+            if est.idle >= self.probe_every:
+                est.idle, k = 0, 1
+        return k

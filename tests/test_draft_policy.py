@@ -1,0 +1,90 @@
+"""The adaptive draft length: the cost model's choices, the acceptance estimate, and the engine using both."""
+import pytest
+
+import tiny
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.draft_policy import (AcceptanceEstimate, DraftLengthPolicy, StepCosts, best_draft_len,
+                                     expected_tokens)
+from dflash_trt.errors import DFlashError
+
+CPU = StepCosts.for_device("cpu")
+GPU = StepCosts.for_device("cuda")
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(1.0, 7) == 8 and expected_tokens(0.0, 7) == 1
+
+
+def test_choice_follows_acceptance_and_load():
+    assert best_draft_len(0.02, 7, 1, CPU) == 0, "hopeless drafts: decode autoregressively"
+    assert best_draft_len(0.95, 7, 1, CPU) == 7
+    ks = [best_draft_len(p / 20, 15, 1, CPU) for p in range(20)]
+    assert ks == sorted(ks) and ks[0] == 0 and ks[-1] > 4, ks  # more acceptance, longer drafts
+    loads = [best_draft_len(0.6, 15, b, CPU) for b in (1, 4, 16, 64)]
+    assert loads == sorted(loads, reverse=True) and loads[0] > loads[-1], loads  # CPU rows cost: shrink
+    assert best_draft_len(0.6, 15, 16, GPU) > best_draft_len(0.6, 15, 16, CPU)
+    # never slower than AR under the model: the chosen K's rate is at least the autoregressive one
+    for p in (0.1, 0.3, 0.5, 0.8):
+        for b in (1, 8, 32):
+            k = best_draft_len(p, 15, b, CPU)
+            ar = 1 / (1 + CPU.row * b)
+            if k:
+                assert expected_tokens(p, k) / (1 + CPU.row * b * (k + 1) + CPU.draft + CPU.draft_row * b) > ar
+
+
+def test_estimate_is_the_geometric_mle_and_follows_the_text():
+    e = AcceptanceEstimate(prior_p=0.5, prior_weight=0.0, decay=1.0)
+    for k, a in [(7, 2), (7, 7), (3, 0), (7, 1)]:
+        e.update(k, a)
+    assert e.p == pytest.approx(10 / (10 + 3))  # successes / (successes + observed failures)
+    f = AcceptanceEstimate(prior_p=0.9)
+    for _ in range(30):
+        f.update(7, 0)
+    assert f.p < 0.05
+
+
+def test_policy_probes_after_giving_up_and_fixed_mode_keeps_k():
+    pol = DraftLengthPolicy("adaptive", CPU, probe_every=4)
+    e = AcceptanceEstimate(prior_p=0.01)
+    assert [pol.choose(e, 7, 1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    assert DraftLengthPolicy("fixed", CPU).choose(e, 7, 1) == 7
+    from dflash_trt.engine_config import EngineConfig
+    with pytest.raises(DFlashError, match="draft_len_policy"):
+        EngineConfig(draft_len_policy="greedy")
+    with pytest.raises(DFlashError, match="step_costs"):
+        EngineConfig(step_costs={"rows": 0.1})
+
+
+def test_engine_drafts_long_when_drafts_land_and_stops_when_they_do_not(tmp_path):
+    t = tiny.make_target(str(tmp_path / "t"))
+    d = tiny.make_drafter(str(tmp_path / "d"), t, block_size=8)
+    prompts = [[11, 11, 5], [11, 4, 11, 6], [7, 11]]
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    ar = [o.token_ids for o in LLM(target=t, speculative=False).generate(prompts, sp)]
+    for right in (True, False):
+        for pol in ("adaptive", "fixed"):
+            llm = LLM(target=t, draft=d, trace=True, draft_len_policy=pol)
+            truth = {}
+
+            def oracle(work):  # the target's own continuation, or always-wrong tokens
+                out = {}
+                for w in work:
+                    s = w.seq
+                    full = truth.setdefault(s.seq_id, s.prompt_ids + ar[prompts.index(s.prompt_ids)])
+                    dr = (full[len(s.token_ids):] + [3] * 8)[:w.draft_len]
+                    out[s.seq_id] = dr if right else [(x + 1) % tiny.VOCAB for x in dr]
+                return out
+
+            llm.engine.runner.draft = oracle
+            outs = llm.generate(prompts, sp)
+            assert [o.token_ids for o in outs] == ar  # lossless whatever K
+            ks = [len(dr) for o in outs for dr, _ in o.trace]
+            if pol == "fixed":
+                assert ks.count(7) > len(ks) // 2, ks
+            elif right:
+                assert sum(ks) / len(ks) > 5, ks
+            else:
+                for o in outs:  # after a few misses: no drafts (untraced steps), probing with 1 every 8 steps
+                    late = [len(dr) for dr, _ in o.trace][4:]
+                    assert max(late) <= 1 and len(late) <= 40 // 8, late
