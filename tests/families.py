@@ -84,7 +84,7 @@ def assert_lossless(t: str, d: str | None, ps, max_tokens: int = 24, draft_lens=
     ar = [o.token_ids for o in LLM(**single, speculative=False, **engine).generate(ps, sp)]
     accepted = 0
     for k in draft_lens:
-        llm = LLM(**pair, max_draft_len=k, **engine)
+        llm = LLM(**pair, max_draft_len=k, draft_len_policy="fixed", **engine)  # exactly K drafts per step
         outs = llm.generate(ps, sp)
         for i, o in enumerate(outs):
             assert o.token_ids == ar[i], f"K={k} prompt {i}: DFlash {o.token_ids} != AR {ar[i]}"
