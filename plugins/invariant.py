@@ -57,8 +57,8 @@ def _register_fakes() -> None:
             if "already" not in str(e):
                 raise
 
-    reg("bi_linear", lambda x, packed, n, bias=None, k_splits=1: x.new_empty((x.shape[0], n)))
-    reg("bi_linear_partial", lambda x, packed, n, chunk_begin, chunk_end, k_splits:
+    reg("bi_linear", lambda x, packed, n, bias=None, k_splits=1, wscale=None: x.new_empty((x.shape[0], n)))
+    reg("bi_linear_partial", lambda x, packed, n, chunk_begin, chunk_end, k_splits, wscale=None:
         x.new_empty((x.shape[0], n), dtype=torch.float32))
     reg("bi_rms_norm", lambda x, weight, eps: x.new_empty(
         x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)))
@@ -84,17 +84,37 @@ _BF16_ORDER = torch.tensor([c for j in range(16) for c in (j + 16, j)])
 
 @dataclass(frozen=True)
 class PackedLinear:
-    """A weight [N, K] as K-major panels of 32 output columns: data [ceil(N/32), K, 32] (N padded with 0)."""
+    """A weight [N, K] as K-major panels of 32 output columns: data [ceil(N/32), K, 32] (N padded with 0).
+    fp8 panels (uint8 e4m3 codes) carry scale: float32 [ceil(N/32) * 32], the per-column dequantisation scale
+    times 256 (the kernel widens e4m3 through fp16, which divides by 256 exactly)."""
     data: torch.Tensor
     n: int
     k: int
+    scale: torch.Tensor | None = None
 
     @property
     def dtype(self) -> torch.dtype:
         return self.data.dtype
 
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size()
+        extra = self.scale.numel() * 4 if self.scale is not None else 0
+        return self.data.numel() * self.data.element_size() + extra
+
+
+def pack_linear_fp8(weight: torch.Tensor, scale: torch.Tensor) -> PackedLinear:
+    """Keep a float8_e4m3fn weight [N, K] quantized: 1 byte per weight, and y bitwise equal to the fp32 kernel
+    on the dequantised weight (weight.float() * scale, scale a scalar or one per output row)."""
+    assert weight.dim() == 2 and weight.dtype == torch.float8_e4m3fn, "weight must be float8_e4m3fn [N, K]"
+    n, k = weight.shape
+    p = (n + PANEL - 1) // PANEL
+    s = scale.detach().float().cpu().flatten()
+    assert s.numel() in (1, n), "scale: a scalar or one per output row"
+    s = (s.expand(n) if s.numel() == 1 else s) * 256.0
+    w = weight.detach().cpu().view(torch.uint8)
+    if p * PANEL != n:
+        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
+        s = torch.cat([s, s.new_zeros(p * PANEL - n)])
+    return PackedLinear(w.view(p, PANEL, k).permute(0, 2, 1).contiguous(), n, k, s.contiguous())
 
 
 def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> PackedLinear:
@@ -123,7 +143,7 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None = None,
            k_splits: int = 1) -> torch.Tensor:
     """y = x @ W.T + bias, x [..., K] float32 or bfloat16 (output in x's dtype)."""
-    y = _ops().bi_linear(_rows(x), packed.data, packed.n, bias, k_splits)
+    y = _ops().bi_linear(_rows(x), packed.data, packed.n, bias, k_splits, packed.scale)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.n)
 
 
@@ -134,7 +154,7 @@ def linear_partial(x: torch.Tensor, packed: PackedLinear, chunk_begin: int, chun
 
     Tensor parallel: rank r of tp (K sliced) may equally pack its own weight slice and call
     linear_partial(x_slice, packed_slice, 0, k_splits // tp, k_splits // tp)."""
-    y = _ops().bi_linear_partial(_rows(x), packed.data, packed.n, chunk_begin, chunk_end, k_splits)
+    y = _ops().bi_linear_partial(_rows(x), packed.data, packed.n, chunk_begin, chunk_end, k_splits, packed.scale)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.n)
 
 

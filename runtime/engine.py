@@ -6,15 +6,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine_config import EngineConfig
-from .errors import DFlashError
-from .kv_cache import BlockManager, allocate_caches, bytes_per_block
+from . import ops, tensor_parallel
 from .draft_policy import DraftLengthPolicy, StepCosts
 from .draft_vocab import load_draft_vocab
+from .engine_config import EngineConfig
+from .errors import DFlashError
+from .fp8_weights import keep_fp8_weights
+from .kv_cache import BlockManager, allocate_caches, bytes_per_block
 from .loader import ModelPaths, load_configs, load_models
-from . import ops, tensor_parallel
 from .model_runner import ModelRunner
 from .models.target import pack_linears
+from .quantized import is_quantized
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -65,10 +67,13 @@ class LLMEngine:
         else:
             self.target, self.drafter = load_models(paths, tcfg, dcfg, cfg.torch_dtype, cfg.device,
                                                     max_positions=cfg.max_seq_len + 32)
+        self.fp8_linears = 0
         if str(cfg.device).startswith("cpu") and cfg.invariant_kernels and ops.enable_invariant():
             self.target.pack()
             if self.drafter is not None:
                 pack_linears(self.drafter)
+            if cfg.fp8_weights and self.dist is None and is_quantized(paths.target):
+                self.fp8_linears = keep_fp8_weights(self.target, paths.target)
         if self.drafter is not None and self.dist is None and cfg.draft_vocab:  # TP keeps the vocab-split head
             ids = load_draft_vocab(paths.draft, tcfg.vocab_size)
             if ids is not None:

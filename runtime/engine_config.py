@@ -37,6 +37,8 @@ class EngineConfig:
     # batch-invariant CPU kernels (bitwise-identical rows in any batch); False: MKL/PyTorch numerics
     invariant_kernels: bool = True
     seed: int | None = None
+    # FP8 targets on CPU: keep weights in FP8 (bitwise the dequantised results, 1/4 of the bytes); False: fp32
+    fp8_weights: bool = True
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True
     # tensor parallelism over the ranks mpirun started (default: engine.json's tp_size, else the world size)

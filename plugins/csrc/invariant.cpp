@@ -43,14 +43,16 @@
 
 namespace bi {
 
-enum DType : int { F32 = 0, BF16 = 1 };
+enum DType : int { F32 = 0, BF16 = 1, F8 = 2 };  // F8: float8_e4m3fn weights (linear only)
 
 struct LinParams {
   const float* x;   // [M, ldx] fp32
   int64_t ldx;
   int64_t xk0;      // column of x where the first chunk starts
-  const void* w;    // packed panels: f32 [P][K][32] or bf16 pairs [P][K][16] (u32 = hi:col j, lo:col j+16)
+  const void* w;    // packed panels: f32 [P][K][32], bf16 pairs [P][K][16] (u32 = hi:col j, lo:col j+16)
+                    // or e4m3 bytes [P][K][32]
   int wt;
+  const float* ws;  // F8 only: per-column scale * 256 [P * 32] (weight = e4m3/256 * ws, one rounding)
   int64_t K;        // packed K (panel length)
   int64_t wk0;      // k of the packed weights where the first chunk starts
   int64_t N;        // true output columns
@@ -243,16 +245,31 @@ static at::Tensor x_as_f32(const at::Tensor& x) {
   return xf;
 }
 
+static int weight_code(const at::Tensor& packed) {
+  if (packed.scalar_type() == at::kByte) return F8;
+  return dtype_code(packed, "packed weight");
+}
+
+// F8 panels need their per-column scales (times 256): returns a pointer to them, or null for f32/bf16
+static const float* weight_scale(const at::Tensor& packed, const c10::optional<at::Tensor>& wscale) {
+  if (weight_code(packed) != F8) return nullptr;
+  TORCH_CHECK(wscale.has_value() && wscale->defined() && wscale->scalar_type() == at::kFloat &&
+                  wscale->is_contiguous() && wscale->numel() == packed.size(0) * 32,
+              "bi: an fp8 packed weight needs its float32 [P * 32] scale (use pack_linear)");
+  return wscale->data_ptr<float>();
+}
+
 static void check_packed(const at::Tensor& packed, int64_t n) {
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == 32 && packed.is_contiguous(),
               "bi: packed weight must be a contiguous [P, K, 32] tensor (use pack_linear)");
-  dtype_code(packed, "packed weight");
+  weight_code(packed);
   TORCH_CHECK(n > 0 && (n + 31) / 32 == packed.size(0), "bi: n=", n, " does not match packed panels ",
               packed.size(0));
 }
 
 static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                            const c10::optional<at::Tensor>& bias, int64_t k_splits) {
+                            const c10::optional<at::Tensor>& bias, int64_t k_splits,
+                            const c10::optional<at::Tensor>& wscale) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear: CPU tensors only");
   TORCH_CHECK(x.dim() == 2, "bi_linear: x must be [M, K]");
   check_packed(packed, n);
@@ -275,7 +292,8 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   p.ldx = M > 1 ? xf.stride(0) : Kp;
   p.xk0 = 0;
   p.w = packed.data_ptr();
-  p.wt = dtype_code(packed, "packed weight");
+  p.wt = weight_code(packed);
+  p.ws = weight_scale(packed, wscale);
   p.K = Kp;
   p.wk0 = 0;
   p.N = n;
@@ -290,7 +308,8 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
 }
 
 static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
-                                    int64_t chunk_end, int64_t k_splits) {
+                                    int64_t chunk_end, int64_t k_splits,
+                                    const c10::optional<at::Tensor>& wscale) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear_partial: CPU tensors only");
   TORCH_CHECK(x.dim() == 2, "bi_linear_partial: x must be [M, K]");
   check_packed(packed, n);
@@ -320,7 +339,8 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
   p.ldx = M > 1 ? xf.stride(0) : x.size(1);
   p.xk0 = xk0;
   p.w = packed.data_ptr();
-  p.wt = dtype_code(packed, "packed weight");
+  p.wt = weight_code(packed);
+  p.ws = weight_scale(packed, wscale);
   p.K = Kp;
   p.wk0 = chunk_begin * cl;
   p.N = n;
@@ -551,8 +571,9 @@ static at::Tensor bi_selftest_reduce(const at::Tensor& a) {
 }  // namespace bi
 
 TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
-  m.def("bi_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int k_splits=1) -> Tensor");
-  m.def("bi_linear_partial(Tensor x, Tensor packed, int n, int chunk_begin, int chunk_end, int k_splits) -> Tensor");
+  m.def("bi_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int k_splits=1, Tensor? wscale=None) -> Tensor");
+  m.def("bi_linear_partial(Tensor x, Tensor packed, int n, int chunk_begin, int chunk_end, int k_splits, "
+        "Tensor? wscale=None) -> Tensor");
   m.def("bi_rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("bi_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("bi_silu_mul(Tensor gate, Tensor up) -> Tensor");
@@ -623,6 +644,14 @@ BI_INLINE void vload_bfpair(const uint32_t* p, V16& c0, V16& c1) {
   __m512i w = _mm512_loadu_si512((const void*)p);
   c0.v = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)));
   c1.v = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+// 32 e4m3 bytes -> their values / 256, exactly: the e4m3 bits shifted into an fp16 (exponent bias 15, not 7)
+BI_INLINE void vload_f8x32(const uint8_t* p, V16& c0, V16& c1) {
+  __m512i h = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)p));
+  h = _mm512_or_si512(_mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi16(0x7F)), 7),
+                      _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi16(0x80)), 8));
+  c0.v = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  c1.v = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
 }
 BI_INLINE V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 BI_INLINE V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
@@ -720,6 +749,16 @@ BI_INLINE void vload_bfpair(const uint32_t* p, V16& c0, V16& c1) {
   c1.lo = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
   c1.hi = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
 }
+BI_INLINE V16 f8_half16(const uint8_t* p) {  // 16 e4m3 bytes -> values / 256 (see the AVX-512 path)
+  __m256i h = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p));
+  h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7F)), 7),
+                      _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8));
+  return {_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+}
+BI_INLINE void vload_f8x32(const uint8_t* p, V16& c0, V16& c1) {
+  c0 = f8_half16(p);
+  c1 = f8_half16(p + 16);
+}
 BI_INLINE V16 vfma(V16 a, V16 b, V16 c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
@@ -780,6 +819,17 @@ BI_INLINE void vload_bfpair(const uint32_t* p, V16& c0, V16& c1) {
   for (int i = 0; i < 16; ++i) {
     c0.v[i] = u2f(p[i] & 0xFFFF0000u);
     c1.v[i] = u2f(p[i] << 16);
+  }
+}
+BI_INLINE float f8_div256(uint8_t x) {  // e4m3 value / 256, exactly as the fp16 trick of the SIMD paths gives it
+  const int e = (x >> 3) & 0xF, m = x & 7;
+  const float v = e ? std::ldexp(1.0f + (float)m / 8.0f, e - 15) : std::ldexp((float)m / 8.0f, -14);
+  return (x & 0x80) ? -v : v;
+}
+BI_INLINE void vload_f8x32(const uint8_t* p, V16& c0, V16& c1) {
+  for (int i = 0; i < 16; ++i) {
+    c0.v[i] = f8_div256(p[i]);
+    c1.v[i] = f8_div256(p[16 + i]);
   }
 }
 BI_INLINE V16 vfma(V16 a, V16 b, V16 c) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return r; }
@@ -853,7 +903,7 @@ BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
 
 // Done (the call's last chunk): the earlier chunks' partials (acc_out - c * chunk_stride, ...) and this one
 // meet in the tree, then + bias, into y.
-template <int MR, int NP, bool WBF>
+template <int MR, int NP, int WK>
 static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64_t panel_stride, int64_t len,
                        float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
   V16 acc[MR][NP][2];
@@ -861,7 +911,31 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
     for (int j = 0; j < NP; ++j)
       for (int h = 0; h < 2; ++h)
         acc[m][j][h] = vzero();
-  if (WBF) {
+  if (WK == bi::F8) {
+    const uint8_t* wp[NP];
+    V16 sc[NP][2];  // per-column scale * 256
+    for (int j = 0; j < NP; ++j) {
+      wp[j] = (const uint8_t*)w + j * panel_stride;
+      sc[j][0] = vload(p.ws + (pn0 + j) * 32);
+      sc[j][1] = vload(p.ws + (pn0 + j) * 32 + 16);
+    }
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < len; ++k) {
+      V16 b[NP][2];
+      for (int j = 0; j < NP; ++j) {
+        vload_f8x32(wp[j] + k * 32, b[j][0], b[j][1]);
+        b[j][0] = vmul(b[j][0], sc[j][0]);  // = e4m3 value * scale, rounded once: the dequantised weight
+        b[j][1] = vmul(b[j][1], sc[j][1]);
+      }
+      for (int m = 0; m < MR; ++m) {
+        V16 a = vset1(xc[k * MR + m]);
+        for (int j = 0; j < NP; ++j) {
+          acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
+          acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
+        }
+      }
+    }
+  } else if (WK == bi::BF16) {
     const uint32_t* wp[NP];
     for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
 #pragma GCC unroll 4
@@ -934,33 +1008,33 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
 typedef void (*LinKernelFn)(const LinParams&, const float*, const void*, int64_t, int64_t, float*, int64_t, bool,
                             int64_t, int64_t);
 
-template <int MR, bool WBF>
+template <int MR, int WK>
 static LinKernelFn lin_pick_np(int np) {
-  if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 4, WBF>;
-  if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 2, WBF>;
-  return &lin_kernel<MR, 1, WBF>;
+  if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 4, WK>;
+  if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 2, WK>;
+  return &lin_kernel<MR, 1, WK>;
 }
 
-template <bool WBF>
+template <int WK>
 static LinKernelFn lin_pick(int mr, int np) {
   switch (mr) {
-    case 1: return lin_pick_np<1, WBF>(np);
-    case 2: return lin_pick_np<2, WBF>(np);
-    case 3: return lin_pick_np<3, WBF>(np);
+    case 1: return lin_pick_np<1, WK>(np);
+    case 2: return lin_pick_np<2, WK>(np);
+    case 3: return lin_pick_np<3, WK>(np);
 #if BI_KERNEL_PASS != 2
-    case 4: return lin_pick_np<4, WBF>(np);
+    case 4: return lin_pick_np<4, WK>(np);
 #endif
 #if BI_KERNEL_PASS == 1
-    case 5: return lin_pick_np<5, WBF>(np);
-    case 6: return lin_pick_np<6, WBF>(np);
-    case 7: return lin_pick_np<7, WBF>(np);
-    case 8: return lin_pick_np<8, WBF>(np);
-    case 9: return lin_pick_np<9, WBF>(np);
-    case 10: return lin_pick_np<10, WBF>(np);
-    case 11: return lin_pick_np<11, WBF>(np);
-    case 12: return lin_pick_np<12, WBF>(np);
-    case 13: return lin_pick_np<13, WBF>(np);
-    case 14: return lin_pick_np<14, WBF>(np);
+    case 5: return lin_pick_np<5, WK>(np);
+    case 6: return lin_pick_np<6, WK>(np);
+    case 7: return lin_pick_np<7, WK>(np);
+    case 8: return lin_pick_np<8, WK>(np);
+    case 9: return lin_pick_np<9, WK>(np);
+    case 10: return lin_pick_np<10, WK>(np);
+    case 11: return lin_pick_np<11, WK>(np);
+    case 12: return lin_pick_np<12, WK>(np);
+    case 13: return lin_pick_np<13, WK>(np);
+    case 14: return lin_pick_np<14, WK>(np);
 #endif
     default: return nullptr;
   }
@@ -982,8 +1056,10 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
   const int64_t kx = cl * nch;
   int64_t mb = (768 * 1024) / (4 * std::max<int64_t>(kx, 1));
   mb = std::max<int64_t>(MR_MAX, (mb / MR_MAX) * MR_MAX);
-  const bool wbf = p.wt == bi::BF16;
-  const int64_t pstride = p.K * (wbf ? 16 : 32);  // panel stride in elements (u32 pairs or floats, 4 bytes)
+  // bytes of one k of a panel: 32 floats, 16 u32 bf16 pairs, or 32 e4m3 bytes; the kernels' panel stride is
+  // in elements of their pointer type (4 bytes, 4 bytes, 1 byte)
+  const int64_t kbytes = p.wt == bi::F32 ? 128 : (p.wt == bi::BF16 ? 64 : 32);
+  const int64_t pstride = p.K * (p.wt == bi::F8 ? 32 : kbytes / 4);
   thread_local std::vector<float> xbuf, abuf;
   for (int64_t b0 = m0; b0 < m1; b0 += mb) {
     const int64_t rows = std::min(mb, m1 - b0);
@@ -1012,16 +1088,19 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
     for (int64_t g = pn0; g < pn1;) {
       int np = np_of(extra ? base + 1 : base, (int)std::min<int64_t>(npw, pn1 - g));
       np = std::min(np, np_of(base, np));
-      LinKernelFn fk[2] = {wbf ? lin_pick<true>(base, np) : lin_pick<false>(base, np),
-                           wbf ? lin_pick<true>(base + 1, np) : lin_pick<false>(base + 1, np)};
-      const char* wg = (const char*)p.w + g * pstride * 4;
+      auto pick = [&](int mr) {
+        return p.wt == bi::F8 ? lin_pick<bi::F8>(mr, np)
+                              : (p.wt == bi::BF16 ? lin_pick<bi::BF16>(mr, np) : lin_pick<bi::F32>(mr, np));
+      };
+      LinKernelFn fk[2] = {pick(base), pick(base + 1)};
+      const char* wg = (const char*)p.w + g * p.K * kbytes;
       const float* xt = xt0;
       int64_t r = b0;
       for (int64_t t = 0; t < nt; ++t) {
         const int mr = base + (t < extra ? 1 : 0);
         for (int c = 0; c < nch; ++c) {
           const int64_t kw = p.wk0 + c * cl;  // k within the packed weight
-          fk[t < extra ? 1 : 0](p, xt + c * cl * mr, wg + kw * (wbf ? 16 : 32) * 4, pstride, cl,
+          fk[t < extra ? 1 : 0](p, xt + c * cl * mr, wg + kw * kbytes, pstride, cl,
                                 abuf.data() + c * cstride, cstride, c == nch - 1, r, g);
         }
         xt += mr * kx;

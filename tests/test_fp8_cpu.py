@@ -1,0 +1,74 @@
+"""FP8 targets on CPU keep their weights in FP8: the e4m3 kernel is bitwise the fp32 kernel on the dequantised
+weight (every SIMD path), and an FP8 engine decodes the same tokens from a quarter of the weight bytes."""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+import tiny
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.builder.cli import main as build_main
+from dflash_trt.plugins import invariant as bi
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    bi.load()
+    yield
+    bi.set_isa("auto")
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+def test_fp8_panels_are_bitwise_the_dequantised_weight(isa):
+    if bi.set_isa(isa) != isa:
+        pytest.skip(f"{isa} not available on this CPU")
+    g = torch.Generator().manual_seed(0)
+    for n, k in [(37, 64), (96, 576), (5, 9), (64, 40)]:
+        w = (torch.randn(n, k, generator=g) * 3).to(torch.float8_e4m3fn)
+        # zeros of both signs, the smallest subnormals and the largest finite codes
+        w.view(torch.uint8)[0, :8] = torch.tensor([0, 1, 7, 8, 0x80, 0x81, 0x7E, 0xFE], dtype=torch.uint8)
+        for scale in (torch.tensor(0.0137), torch.rand(n, generator=g) + 0.01):
+            deq = w.float() * (scale if scale.numel() == 1 else scale[:, None])
+            p32, p8 = bi.pack_linear(deq), bi.pack_linear_fp8(w, scale)
+            assert p8.data.dtype == torch.uint8 and p8.data.numel() == p32.data.numel()  # 1 byte, not 4
+            for m in (1, 3, 8, 17):
+                x = torch.randn(m, k, generator=g)
+                bias = torch.randn(n, generator=g)
+                for ks in (1, 2) if k % 2 == 0 else (1,):
+                    assert torch.equal(bi.linear(x, p32, bias, ks), bi.linear(x, p8, bias, ks)), (isa, n, k, m, ks)
+            if k % 8 == 0:  # tensor-parallel partial sums of the chunks too
+                x = torch.randn(4, k, generator=g)
+                assert torch.equal(bi.linear_partial(x, p32, 2, 4, 8), bi.linear_partial(x, p8, 2, 4, 8))
+
+
+def test_fp8_scale_is_required():
+    w = torch.randn(32, 16).to(torch.float8_e4m3fn)
+    p8 = bi.pack_linear_fp8(w, torch.tensor(1.0))
+    with pytest.raises(RuntimeError, match="scale"):
+        torch.ops.dflash_trt.bi_linear(torch.randn(1, 16), p8.data, 32, None, 1, None)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("modelopt") is None, reason="needs nvidia-modelopt")
+def test_fp8_engine_keeps_fp8_weights_and_decodes_the_same_tokens(tmp_path):
+    t = tiny.make_target(str(tmp_path / "t"), "llama", boost_tokens=(11,), boost=5.0)
+    d = tiny.make_drafter(str(tmp_path / "d"), t, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
+                          residual_scale=0.3)
+    engine = str(tmp_path / "fp8")
+    assert build_main(["--target", t, "--draft", d, "--quantization", "fp8", "--calib-samples", "4",
+                       "--output", engine, "--quiet"]) == 0
+    kept = LLM(engine, draft_len_policy="fixed")
+    deq = LLM(engine, draft_len_policy="fixed", fp8_weights=False)
+    layers = tiny_layers = kept.engine.target_config.num_hidden_layers
+    assert kept.engine.fp8_linears == 7 * tiny_layers and deq.engine.fp8_linears == 0
+    lin = kept.engine.target.model.layers[0].mlp.down_proj
+    assert lin.packed.data.dtype == torch.uint8 and lin.weight.numel() == 0
+    assert kept.engine.weight_bytes < deq.engine.weight_bytes
+    prompts = [[4, 5, 6], [11, 7, 9, 10], [30] * 12]
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    a, b = kept.generate(prompts, sp), deq.generate(prompts, sp)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert sum(o.accepted for o in a) == sum(o.accepted for o in b) > 0
+    ar = LLM(engine, speculative=False).generate(prompts, sp)
+    assert [o.token_ids for o in ar] == [o.token_ids for o in a]  # lossless on the kept-FP8 path
+    assert layers == len(kept.engine.target.model.layers)
