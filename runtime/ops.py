@@ -61,7 +61,15 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def pack(weight: torch.Tensor):
-    return _bi.pack_linear(weight) if _bi is not None and weight.device.type == "cpu" else None
+    """Panels for the invariant linear. A float32 weight whose values are all bfloat16 numbers (a bf16
+    checkpoint run in fp32) is packed as bf16: the kernel widens bf16 exactly, so the results are bitwise the
+    same while a memory-bound decode step streams half the bytes."""
+    if _bi is None or weight.device.type != "cpu":
+        return None
+    w = weight.detach()
+    if w.dtype == torch.float32 and torch.equal(w.to(torch.bfloat16).float(), w):
+        return _bi.pack_linear(w, torch.bfloat16)
+    return _bi.pack_linear(w)
 
 
 def paged_attention_kernel():

@@ -72,3 +72,16 @@ def test_fp8_engine_keeps_fp8_weights_and_decodes_the_same_tokens(tmp_path):
     ar = LLM(engine, speculative=False).generate(prompts, sp)
     assert [o.token_ids for o in ar] == [o.token_ids for o in a]  # lossless on the kept-FP8 path
     assert layers == len(kept.engine.target.model.layers)
+
+
+def test_bf16_valued_fp32_weights_are_packed_as_bf16_with_the_same_bits():
+    from dflash_trt import ops
+    assert ops.enable_invariant()
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(70, 96, generator=g).bfloat16().float()  # a bf16 checkpoint loaded in fp32
+    p = ops.pack(w)
+    assert p.dtype == torch.bfloat16
+    x = torch.randn(5, 96, generator=g)
+    assert torch.equal(bi.linear(x, p), bi.linear(x, bi.pack_linear(w, torch.float32)))
+    w[3, 4] += 1e-3  # one value bf16 cannot hold: fp32 panels
+    assert ops.pack(w).dtype == torch.float32
