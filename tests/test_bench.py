@@ -173,7 +173,8 @@ SWEEP = [_pt("ar", 0, 1, 10), _pt("dflash", 3, 1, 15), _pt("dflash", 7, 1, 20),
 
 
 def test_recommend_schedule_on_a_synthetic_sweep():
-    rec = recommend(SWEEP)
+    adaptive = dict(_pt("dflash", 7, 2, 99), draft_len_policy="adaptive")  # no single K: never recommended
+    rec = recommend(SWEEP + [adaptive])
     assert rec["draft_len_schedule"] == {1: 7, 2: 3, 8: 0} and rec["max_draft_len"] == 7
     assert rec["unconstrained_best"] == {1: 7, 2: 3, 4: 0, 8: 0}
     cfg = EngineConfig(draft_len_schedule=schedule_json(rec["draft_len_schedule"]))  # JSON string keys work

@@ -59,8 +59,8 @@ def test_training_learns_and_exports(tmp_path):
     d = str(out / "drafter")
     sp = SamplingParams(max_tokens=32, ignore_eos=True)
     heldout = prompts[:3]  # eval split: the first records
-    trained = LLM(target=t, draft=d).generate(heldout, sp)
-    untrained = LLM(target=t, draft=str(out / "init")).generate(heldout, sp)
+    trained = LLM(target=t, draft=d, draft_len_policy="fixed").generate(heldout, sp)
+    untrained = LLM(target=t, draft=str(out / "init"), draft_len_policy="fixed").generate(heldout, sp)
     tau_t = sum(o.accepted + o.steps for o in trained) / sum(o.steps for o in trained)
     tau_u = sum(o.accepted + o.steps for o in untrained) / sum(o.steps for o in untrained)
     assert tau_t > tau_u + 0.08, (tau_t, tau_u)
@@ -103,3 +103,26 @@ def test_subset_head_loss_is_the_loss_over_those_rows():
     assert torch.allclose(loss, (ce * w).sum() / (w.sum() * 2))
     full, _ = block_loss(hidden, labels, head, position_weights(4))
     assert loss < full  # fewer competitors: an upper bound on the full loss is not what we compute
+
+
+def test_block_attention_equals_the_dense_masked_form():
+    import torch.nn.functional as F
+    from dflash_trt.builder.training.trainer import block_attention
+    g = torch.Generator().manual_seed(0)
+    b, t, h, kvh, d = 4, 13, 6, 2, 8
+    anchors = torch.tensor([2, 5, 9])
+    nb = anchors.numel() * b
+    q = torch.randn(nb, h, d, generator=g, dtype=torch.float64, requires_grad=True)
+    kc, vc = (torch.randn(t, kvh, d, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    kb, vb = (torch.randn(nb, kvh, d, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    mask = block_attention_mask(anchors, t, b)
+    dense = F.scaled_dot_product_attention(q.transpose(0, 1)[None], torch.cat([kc, kb]).transpose(0, 1)[None],
+                                           torch.cat([vc, vb]).transpose(0, 1)[None], attn_mask=mask, scale=0.3,
+                                           enable_gqa=True)[0].transpose(0, 1)
+    fast = block_attention(q, kc, vc, kb, vb, anchors, b, 0.3)
+    assert torch.allclose(fast, dense, atol=1e-12)
+    w = torch.randn_like(dense)
+    grads_dense = torch.autograd.grad((dense * w).sum(), (q, kc, vc, kb, vb))
+    grads_fast = torch.autograd.grad((fast * w).sum(), (q, kc, vc, kb, vb))
+    for a, c in zip(grads_fast, grads_dense):
+        assert torch.allclose(a, c, atol=1e-12)

@@ -33,8 +33,8 @@ def compress(schedule: dict[int, int]) -> dict[int, int]:
 def recommend(points: list[dict], metric: str = METRIC) -> dict:
     """points: sweep summaries with mode, draft_len, concurrency and `metric`. Returns the recommendation."""
     by_c: dict[int, list[dict]] = {}
-    for p in points:
-        if p.get(metric) is not None:
+    for p in points:  # adaptive points have no single draft length to put in a schedule
+        if p.get(metric) is not None and p.get("draft_len_policy") != "adaptive":
             by_c.setdefault(int(p["concurrency"]), []).append(p)
     if not by_c:
         raise ValueError("no measured points to recommend from")

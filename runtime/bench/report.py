@@ -104,7 +104,8 @@ def make_table(points: list[dict], title: str | None = None):
     for p in points:
         pos = " ".join(f"{a:.2f}" for a in p["acceptance_by_position"][:4]) or "-"
         ms = lambda d: f"{_f(d['p50'], scale=1e3)}/{_f(d['p90'], scale=1e3)}"  # noqa: E731
-        t.add_row("AR" if p["mode"] == "ar" else "DFlash", str(p["draft_len"]), str(p["concurrency"]),
+        k = str(p["draft_len"]) if p.get("draft_len_policy") != "adaptive" else f"<={p['draft_len']}"
+        t.add_row("AR" if p["mode"] == "ar" else "DFlash", k, str(p["concurrency"]),
                   _f(p["aggregate_tokens_per_s"]), _f(p["tokens_per_s_per_user"]), ms(p["ttft_s"]), ms(p["tpot_s"]),
                   _f(p["tau"], "{:.2f}"), _f(p["acceptance_rate"], "{:.2f}"), pos)
     return t
@@ -130,10 +131,10 @@ def plot_pareto(points: list[dict], path: str, title: str = "", per_device: bool
     series: dict[tuple, list[dict]] = {}
     for p in points:
         if p.get("tokens_per_s_per_user") is not None and p.get(ykey) is not None:
-            series.setdefault((p["mode"] != "ar", p["draft_len"]), []).append(p)
+            series.setdefault((p["mode"] != "ar", p["draft_len"], p.get("draft_len_policy") or ""), []).append(p)
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=120)
     markers = "osD^v<>ph*"
-    for n, ((_, k), ps) in enumerate(sorted(series.items())):
+    for n, ((_, k, _), ps) in enumerate(sorted(series.items())):
         ps = sorted(ps, key=lambda p: p["concurrency"])
         xs = [p["tokens_per_s_per_user"] for p in ps]
         ys = [p[ykey] for p in ps]

@@ -47,6 +47,12 @@ class Variant:
     mode: str  # "ar" | "dflash"
     draft_len: int | None  # None: the drafter's default (block_size - 1); ignored for ar
 
+    @property
+    def policy(self) -> str:
+        """A swept draft length runs fixed (TensorRT-LLM's behaviour, what --recommend needs); the default
+        runs the runtime's adaptive policy with block_size - 1 as its cap."""
+        return "fixed" if self.draft_len is not None else "adaptive"
+
 
 def build_llm(spec: ModelSpec, variant: Variant, max_batch_size: int, max_seq_len: int):
     """The one place that constructs models and engines. Returns None on a tensor-parallel follower rank once
@@ -58,6 +64,8 @@ def build_llm(spec: ModelSpec, variant: Variant, max_batch_size: int, max_seq_le
     spec_on = variant.mode == "dflash"
     if spec_on and variant.draft_len is not None:
         kw["max_draft_len"] = variant.draft_len
+    if spec_on:
+        kw["draft_len_policy"] = variant.policy
     try:
         return LLM(spec.model, target=spec.target, draft=spec.draft if spec_on else None, speculative=spec_on, **kw)
     except SystemExit:
@@ -179,7 +187,9 @@ def run_sweep(spec: ModelSpec, cfg: SweepConfig, reqs: list[Prepared], on_point=
                                                 on_done=progress.update if progress is not None else None)
             summary = summarize(records, cfg.num_devices)
             t0 = min(r.arrival for r in records)
-            point = {"mode": variant.mode, "draft_len": k, "label": "AR" if k == 0 else f"DFlash K={k}",
+            label = "AR" if k == 0 else (f"DFlash K={k}" if variant.policy == "fixed" else f"DFlash K<={k} adaptive")
+            point = {"mode": variant.mode, "draft_len": k, "label": label,
+                     "draft_len_policy": variant.policy if variant.mode == "dflash" else None,
                      "concurrency": c, **summary, **counters, "elapsed_s": time.perf_counter() - t,
                      "requests": [r.to_json(t0) for r in records]}
             points.append(point)
