@@ -79,7 +79,10 @@ class RotaryTable:
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype):
         if positions.device != self.device:  # tables a loader did not move (e.g. a family's second table)
             self.to(positions.device)
-        need = int(positions.max()) + 1 if positions.numel() else 0
+        # engines size the table for max_seq_len up front; the growth check reads positions back to the host,
+        # which a CUDA graph being captured forbids
+        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()
+        need = int(positions.max()) + 1 if positions.numel() and not capturing else 0
         if need > self.cos.shape[0]:
             self._grow(max(need, 2 * self.cos.shape[0]))
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)

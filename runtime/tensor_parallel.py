@@ -39,6 +39,12 @@ def validate_tp(tp: int, tcfg: TargetConfig, dcfg: DraftConfig | None) -> None:
     if tp not in TP_SIZES:
         raise DFlashError(f"tp_size {tp} is not supported: use 1, 2, 4 or 8 (row-parallel sums are split in 8 "
                           "fixed chunks so every size reproduces TP=1 bitwise)")
+    if tp > 1:
+        from .models.registry import target_class
+        from .models.target import TargetModel
+        if target_class(tcfg.model_type) is not TargetModel:
+            raise DFlashError(f"tensor parallelism supports dense Llama/Qwen3 targets, not {tcfg.model_type}: "
+                              "run it with tp_size 1")
     for what, cfg in (("target", tcfg), ("drafter", dcfg)):
         if cfg is None:
             continue

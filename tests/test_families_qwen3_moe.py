@@ -158,3 +158,10 @@ def test_ep_size_must_fit_the_moe(models, tmp_path, capsys):
     assert build(base + ["--output", str(tmp_path / "a"), "--tp-size", "2", "--ep-size", "4"]) == 2
     assert "--ep-size 4 must divide --tp-size 2" in capsys.readouterr().err
     assert build(base + ["--output", str(tmp_path / "b"), "--tp-size", "3", "--ep-size", "3"]) != 0
+
+
+def test_tensor_parallel_is_refused_for_moe_targets(models):
+    from dflash_trt import LLM
+    from dflash_trt.errors import DFlashError
+    with pytest.raises(DFlashError, match=r"tensor parallelism supports dense Llama/Qwen3 targets, not qwen3_moe"):
+        LLM(target=models["t"], speculative=False, tp_size=2)
