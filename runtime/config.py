@@ -6,6 +6,7 @@ dataclasses keep only what the decode path needs, so the model code never touche
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -13,7 +14,7 @@ from .errors import CheckpointError, PairError
 
 SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
-                     "gemma3_text": "Gemma3ForCausalLM"}
+                     "gemma3_text": "Gemma3ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -60,12 +61,34 @@ class MoeConfig:
     num_experts: int
     top_k: int
     intermediate_size: int  # per expert
-    router: str  # "softmax_topk" (Qwen3-MoE) | "topk_softmax" (gpt-oss)
+    router: str  # "softmax_topk" (Qwen3-MoE) | "topk_softmax" (gpt-oss) | "sigmoid_group" (DeepSeek-V3)
     norm_topk_prob: bool = False
     dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP instead
     bias: bool = False  # router and expert biases (gpt-oss)
     swiglu_alpha: float | None = None  # gpt-oss clamped SwiGLU
     swiglu_limit: float | None = None
+    # DeepSeek-V3: sigmoid scores + e_score_correction_bias pick experts within the top `topk_group` of `n_group`
+    # groups; weights are the uncorrected scores (renormalised with norm_topk_prob) x routed_scaling_factor
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_intermediate_size: int = 0  # shared experts (one SwiGLU of moe_intermediate_size x n_shared_experts)
+
+
+@dataclass
+class MlaConfig:
+    """DeepSeek-V2/V3 multi-head latent attention. Per position the cache holds the normed kv latent
+    (kv_lora_rank) and the shared roped key (qk_rope_head_dim): one 'head' of kv_lora_rank + qk_rope_head_dim."""
+    kv_lora_rank: int
+    q_lora_rank: int | None  # None: a plain q_proj
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool  # DeepSeek's (x0, x1), (x2, x3), ... rotary pairs
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass
@@ -96,6 +119,14 @@ class TargetConfig:
     attn_scale: float | None = None  # softmax scale when not head_dim ** -0.5 (Gemma 3 query_pre_attn_scalar)
     embed_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden_size))
     final_logit_softcapping: float | None = None
+    mla: MlaConfig | None = None  # multi-head latent attention (DeepSeek-V3); head_dim is then qk_rope_head_dim
+
+    def cache_layers(self, tp: int = 1) -> list[tuple[int, int, int]]:
+        """Per layer (kv_heads, k_dim, v_dim) of the paged cache on one of `tp` ranks. v_dim 0: the layer keeps
+        its values inside the K cache (MLA: the latent is both the key's first part and the value)."""
+        if self.mla is not None:
+            return [(1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, 0)] * self.num_hidden_layers
+        return [(self.num_key_value_heads // tp, self.head_dim, self.head_dim)] * self.num_hidden_layers
 
     def window(self, layer: int) -> int | None:
         """The layer's sliding window (keys p - window + 1 .. p), None for full attention."""
@@ -236,7 +267,56 @@ def _gemma3_text(cfg: TargetConfig, hf) -> None:
     cfg.final_logit_softcapping = float(cap) if cap else None
 
 
-_FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "gemma3_text": _gemma3_text}
+def _deepseek_v3(cfg: TargetConfig, hf) -> None:
+    q = getattr(hf, "quantization_config", None) or {}
+    q = q if isinstance(q, dict) else q.to_dict()
+    if q and q.get("quant_method") != "modelopt":
+        raise CheckpointError(f"unsupported deepseek_v3 quantization {q.get('quant_method')!r}: give a bf16 "
+                              "checkpoint (the block-FP8 release dequantised) or a dflash-build export")
+    if cfg.hidden_act != "silu":
+        raise CheckpointError(f"unsupported deepseek_v3 hidden_act {cfg.hidden_act!r}: only silu (SwiGLU) MLPs")
+    heads = cfg.num_attention_heads
+    if cfg.num_key_value_heads != heads:
+        raise CheckpointError(f"unsupported deepseek_v3 attention layout: num_key_value_heads "
+                              f"{cfg.num_key_value_heads} != num_attention_heads {heads} (MLA expands the latent "
+                              "to every head)")
+    qr = hf.q_lora_rank
+    dims = dict(kv_lora_rank=hf.kv_lora_rank, qk_nope_head_dim=hf.qk_nope_head_dim,
+                qk_rope_head_dim=hf.qk_rope_head_dim, v_head_dim=hf.v_head_dim)
+    bad = {k: v for k, v in dims.items() if not isinstance(v, int) or v < 1}
+    if bad or (qr is not None and (not isinstance(qr, int) or qr < 1)) or hf.qk_rope_head_dim % 2:
+        raise CheckpointError(f"unsupported deepseek_v3 attention layout: q_lora_rank {qr}, "
+                              f"{', '.join(f'{k} {v}' for k, v in dims.items())} (need positive sizes, an even "
+                              "qk_rope_head_dim, q_lora_rank null or positive)")
+    cfg.mla = MlaConfig(q_lora_rank=qr, rope_interleave=bool(getattr(hf, "rope_interleave", True)), **dims)
+    cfg.head_dim = hf.qk_rope_head_dim  # the rotary table's width, as transformers sets it
+    n, k = hf.n_routed_experts or 0, hf.num_experts_per_tok or 0
+    first = hf.first_k_dense_replace or 0
+    dense = list(range(min(first, cfg.num_hidden_layers)))
+    groups, topk_group = hf.n_group or 1, hf.topk_group or 1
+    if len(dense) < cfg.num_hidden_layers:
+        _moe_counts("deepseek_v3", n, k, hf.moe_intermediate_size)
+        per = n // groups if groups > 0 and n % groups == 0 else 0
+        if per < 2 or not 1 <= topk_group <= groups or k > topk_group * per:
+            raise CheckpointError(f"unsupported deepseek_v3 MoE layout: {n} routed experts in n_group {groups} "
+                                  f"(topk_group {topk_group}, {k} experts per token): need n_group dividing the "
+                                  "experts with >= 2 per group, 1 <= topk_group <= n_group and experts per token "
+                                  "<= topk_group x experts per group")
+        if (hf.n_shared_experts or 0) < 0:
+            raise CheckpointError(f"unsupported deepseek_v3 n_shared_experts {hf.n_shared_experts}")
+    cfg.moe = MoeConfig(num_experts=n, top_k=k, intermediate_size=hf.moe_intermediate_size, router="sigmoid_group",
+                        norm_topk_prob=bool(hf.norm_topk_prob), dense_layers=dense, n_group=groups,
+                        topk_group=topk_group, routed_scaling_factor=float(hf.routed_scaling_factor),
+                        shared_intermediate_size=hf.moe_intermediate_size * (hf.n_shared_experts or 0))
+    cfg.attn_scale = cfg.mla.qk_head_dim ** -0.5
+    rp = getattr(hf, "rope_parameters", None) or {}
+    if rp.get("rope_type", "default") != "default" and rp.get("mscale_all_dim"):  # transformers' yarn_apply_mscale
+        f = float(rp["factor"])
+        m = 0.1 * float(rp["mscale_all_dim"]) * math.log(f) + 1.0 if f > 1 else 1.0
+        cfg.attn_scale *= m * m
+
+
+_FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "gemma3_text": _gemma3_text, "deepseek_v3": _deepseek_v3}
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

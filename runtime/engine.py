@@ -84,7 +84,7 @@ class LLMEngine:
         self.eos_ids = set(tcfg.eos_token_ids)
         page = cfg.page_size
         tp = self.tp_size  # caches hold this rank's kv heads only
-        t_layers = [(tcfg.num_key_value_heads // tp, tcfg.head_dim)] * tcfg.num_hidden_layers
+        t_layers = tcfg.cache_layers(tp)  # per layer (kv_heads, k_dim, v_dim): MLA keeps one latent 'head'
         d_layers = [(dcfg.num_key_value_heads // tp, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
         per_block = bytes_per_block(page, t_layers + d_layers, cfg.torch_dtype)
         budget = cfg.kv_cache_bytes or min(

@@ -39,14 +39,21 @@ class BlockManager:
         table.clear()
 
 
-def bytes_per_block(block_size: int, layers: list[tuple[int, int]], dtype: torch.dtype) -> int:
-    """layers: (kv_heads, head_dim) per cached layer; K and V."""
+def _dims(layer: tuple[int, ...]) -> tuple[int, int, int]:
+    """(kv_heads, head_dim) -> K and V of head_dim; (kv_heads, k_dim, v_dim) as given (v_dim 0: no V cache, the
+    layer keeps its values in the K cache, as MLA's latent does)."""
+    return (layer[0], layer[1], layer[1]) if len(layer) == 2 else tuple(layer)
+
+
+def bytes_per_block(block_size: int, layers: list[tuple[int, ...]], dtype: torch.dtype) -> int:
+    """layers: (kv_heads, head_dim) or (kv_heads, k_dim, v_dim) per cached layer."""
     elem = torch.empty(0, dtype=dtype).element_size()
-    return sum(2 * block_size * kvh * d * elem for kvh, d in layers)
+    return sum(block_size * kvh * (dk + dv) * elem for kvh, dk, dv in map(_dims, layers))
 
 
-def allocate_caches(num_blocks: int, block_size: int, layers: list[tuple[int, int]], dtype, device):
+def allocate_caches(num_blocks: int, block_size: int, layers: list[tuple[int, ...]], dtype, device):
     if num_blocks < 1:
         raise DFlashError("KV cache budget holds no block: raise kv_cache_bytes or lower max_seq_len")
-    return [(torch.zeros(num_blocks, block_size, kvh, d, dtype=dtype, device=device),
-             torch.zeros(num_blocks, block_size, kvh, d, dtype=dtype, device=device)) for kvh, d in layers]
+    return [(torch.zeros(num_blocks, block_size, kvh, dk, dtype=dtype, device=device),
+             torch.zeros(num_blocks, block_size, kvh, dv, dtype=dtype, device=device))
+            for kvh, dk, dv in map(_dims, layers)]

@@ -19,7 +19,7 @@ def teacher_forward(target: TargetModel, seqs: list[list[int]], capture: bool = 
     cfg = target.cfg
     dev = target.head_weight.device
     blocks = [-(-len(s) // page) for s in seqs]
-    caches = allocate_caches(sum(blocks), page, [(cfg.num_key_value_heads, cfg.head_dim)] * cfg.num_hidden_layers,
+    caches = allocate_caches(sum(blocks), page, cfg.cache_layers(),
                              target.head_weight.dtype, dev)
     meta, first = [], 0
     for s, nb in zip(seqs, blocks):

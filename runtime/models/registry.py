@@ -15,6 +15,9 @@ def target_class(model_type: str):
     if model_type == "gemma3_text":
         from .gemma3 import Gemma3Model
         return Gemma3Model
+    if model_type == "deepseek_v3":
+        from .deepseek_v3 import DeepseekV3Model
+        return DeepseekV3Model
     return TargetModel
 
 
