@@ -34,7 +34,8 @@ def main() -> int:
     from dflash_trt.embedded import embedded_paths
 
     if args.target is None:
-        args.target, args.draft = embedded_paths()
+        args.target, shipped = embedded_paths()
+        args.draft = args.draft or shipped
     ours = LLM(target=args.target, draft=args.draft, draft_len_policy="fixed", trace=True, draft_vocab=False)
     zm._cuda_time = lambda: 0.0  # its timer synchronises CUDA
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()

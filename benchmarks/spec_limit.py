@@ -1,0 +1,110 @@
+"""How close DFlash decoding at concurrency 1 comes to its physical limit, and where the rest of a step goes.
+
+    python benchmarks/spec_limit.py [--target DIR --draft DIR] [--max-tokens 128] [--threads 1] [--k 7]
+
+Times, inside real decoding of the same prompts: the target forward + head of an autoregressive step (t_AR), of a
+verify step over K+1 rows (t_verify), and the drafter forward + draft head (t_draft). The physical limit of
+DFlash is tau / (t_draft + t_verify) tokens/s (the two forward passes and nothing else); the loop's own cost
+(scheduling, batch building, acceptance, bookkeeping) is what separates the measured speed from it.
+K is fixed (draft_len_policy="fixed") so tau and the step times belong to one draft length.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
+           "Explain how a hash map handles collisions.",
+           "Write a function that merges two sorted lists.",
+           "Give three reasons to write unit tests."]
+
+
+class Timed:
+    """Wraps a module's forward (or a bound method) and records its wall time per call."""
+
+    def __init__(self, obj, name):
+        self.obj, self.name, self.orig = obj, name, getattr(obj, name)
+        self.times: list[float] = []
+        setattr(obj, name, self)
+
+    def __call__(self, *a, **k):
+        t0 = time.perf_counter()
+        out = self.orig(*a, **k)
+        self.times.append(time.perf_counter() - t0)
+        return out
+
+
+def decode(llm, sp, clocks):
+    eng, steps, toks = llm.engine, [], 0
+    for p in PROMPTS:
+        s = llm.add_request(p, sp, chat=True)
+        eng.step()  # prefill (and its first token): not decode
+        marks = [len(c.times) for c in clocks]
+        t0 = time.perf_counter()
+        n0 = s.num_output
+        while not s.is_finished:
+            eng.step()
+        steps.append((time.perf_counter() - t0, s.num_output - n0, [c.times[m:] for c, m in zip(clocks, marks)]))
+        eng.release(s)
+    return steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target")
+    ap.add_argument("--draft")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--k", type=int, help="draft length (default: block_size - 1)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.embedded import embedded_paths
+
+    if args.target is None:
+        args.target, shipped = embedded_paths()
+        args.draft = args.draft or shipped
+    sp = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    ar = LLM(target=args.target, speculative=False)
+    kw = {"max_draft_len": args.k} if args.k else {}
+    sd = LLM(target=args.target, draft=args.draft, draft_len_policy="fixed", **kw)
+    t_ar_f = Timed(ar.engine.target, "forward")
+    t_ar_h = Timed(ar.engine.target, "logits")
+    t_v_f = Timed(sd.engine.target, "forward")
+    t_v_h = Timed(sd.engine.target, "logits")
+    t_d = Timed(sd.engine.runner, "draft")  # drafter forward + draft head + its batch preparation
+    decode(ar, SamplingParams(max_tokens=8, ignore_eos=True), [])  # warm-up
+    decode(sd, SamplingParams(max_tokens=8, ignore_eos=True), [])
+    ar_runs = decode(ar, sp, [t_ar_f, t_ar_h])
+    sd_runs = decode(sd, sp, [t_v_f, t_v_h, t_d])
+    med = statistics.median
+    wall_ar = sum(w for w, _, _ in ar_runs)
+    tok_ar = sum(n for _, n, _ in ar_runs)
+    wall_sd = sum(w for w, _, _ in sd_runs)
+    tok_sd = sum(n for _, n, _ in sd_runs)
+    t_ar = med([t for _, _, c in ar_runs for t in c[0]]) + med([t for _, _, c in ar_runs for t in c[1]])
+    t_verify = med([t for _, _, c in sd_runs for t in c[0]]) + med([t for _, _, c in sd_runs for t in c[1]])
+    t_draft = med([t for _, _, c in sd_runs for t in c[2]])
+    n_steps = sum(len(c[2]) for _, _, c in sd_runs)
+    tau = tok_sd / n_steps
+    k = sd.engine.max_draft_len
+    limit = tau / (t_draft + t_verify)
+    print(f"{len(PROMPTS)} prompts x {args.max_tokens} tokens, batch 1, {args.threads} thread(s), K={k}")
+    print(f"  t_AR (target forward + head, 1 row)      {t_ar * 1e3:7.1f} ms")
+    print(f"  t_verify (target forward + head, {k + 1} rows) {t_verify * 1e3:7.1f} ms  ({t_verify / t_ar:.2f} t_AR)")
+    print(f"  t_draft (drafter pass + draft head)      {t_draft * 1e3:7.1f} ms  ({t_draft / t_ar:.2f} t_AR)")
+    print(f"  tau (tokens per DFlash step)             {tau:7.2f}")
+    print(f"AR:     {tok_ar / wall_ar:6.1f} tok/s measured, {1 / t_ar:6.1f} tok/s limit 1/t_AR "
+          f"({tok_ar / wall_ar * t_ar:.0%} of it)")
+    print(f"DFlash: {tok_sd / wall_sd:6.1f} tok/s measured, {limit:6.1f} tok/s limit tau/(t_draft+t_verify) "
+          f"({tok_sd / wall_sd / limit:.0%} of it)")
+    print(f"DFlash / AR measured {tok_sd / wall_sd / (tok_ar / wall_ar):.2f}x; physical bound "
+          f"tau*t_AR/(t_draft+t_verify) = {tau * t_ar / (t_draft + t_verify):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
