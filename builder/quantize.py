@@ -112,8 +112,13 @@ def write_target_modelopt(plan: BuildPlan, dst: str, texts: list[str], tokenize:
 
         cuda = torch.cuda.is_available()
         with progress.task("target: loading (bf16)"):
+            kw = {}
+            if (plan.target_raw or {}).get("model_type") == "kimi_k2":  # the release ships remote code only
+                from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+                AutoModelForCausalLM = DeepseekV3ForCausalLM  # noqa: N806
+                kw["config"] = DeepseekV3Config.from_pretrained(plan.target)
             model = AutoModelForCausalLM.from_pretrained(plan.target, dtype=torch.bfloat16,
-                                                         device_map="auto" if cuda else None)
+                                                         device_map="auto" if cuda else None, **kw)
             model.eval()
         if not getattr(model.config, "architectures", None):
             model.config.architectures = [plan.architecture]  # export_hf_checkpoint crashes without it

@@ -136,8 +136,9 @@ def check_tp(plan: BuildPlan) -> None:
 def check_nvfp4_shapes(plan: BuildPlan) -> None:
     """NVFP4 packs 16-element blocks along in_features, and tensor parallelism splits the row-parallel inputs."""
     t, tp = plan.tcfg, plan.tp_size
+    head = t.head_dim if t.mla is None else t.mla.v_head_dim  # MLA: o_proj reads v_head_dim per head
     checks = [("hidden_size (q/k/v/gate/up in_features)", t.hidden_size, 1),
-              ("num_attention_heads x head_dim (o_proj in_features per rank)", t.num_attention_heads * t.head_dim, tp),
+              ("num_attention_heads x head_dim (o_proj in_features per rank)", t.num_attention_heads * head, tp),
               ("intermediate_size (down_proj in_features per rank)", t.intermediate_size, tp)]
     for name, n, split in checks:
         if n % split or (n // split) % NVFP4_GROUP:
@@ -199,8 +200,7 @@ def read_target_shapes(plan: BuildPlan) -> None:
 def check_target_weights(plan: BuildPlan) -> None:
     shapes = plan.target_shapes
     t = plan.tcfg
-    want = {"model.embed_tokens.weight": [t.vocab_size, t.hidden_size],
-            "model.layers.0.self_attn.q_proj.weight": [t.num_attention_heads * t.head_dim, t.hidden_size]}
+    want = {"model.embed_tokens.weight": [t.vocab_size, t.hidden_size]} | _attention_weights(t)
     for layer in (0, t.num_hidden_layers - 1):
         want |= _mlp_weights(t, layer, shapes)
     for name, shape in want.items():
@@ -210,6 +210,20 @@ def check_target_weights(plan: BuildPlan) -> None:
         if shapes[name][0] != shape:
             raise BuildError(f"--target weight {name} has shape {shapes[name][0]}, config.json implies {shape}: "
                              "config.json does not match the weights")
+
+
+def _attention_weights(t: TargetConfig) -> dict:
+    p = "model.layers.0.self_attn."
+    a = t.mla
+    if a is None:
+        return {p + "q_proj.weight": [t.num_attention_heads * t.head_dim, t.hidden_size]}
+    heads = t.num_attention_heads
+    want = {p + "kv_a_proj_with_mqa.weight": [a.kv_lora_rank + a.qk_rope_head_dim, t.hidden_size],
+            p + "kv_b_proj.weight": [heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank]}
+    if a.q_lora_rank is None:
+        return want | {p + "q_proj.weight": [heads * a.qk_head_dim, t.hidden_size]}
+    return want | {p + "q_a_proj.weight": [a.q_lora_rank, t.hidden_size],
+                   p + "q_b_proj.weight": [heads * a.qk_head_dim, a.q_lora_rank]}
 
 
 def _mlp_weights(t: TargetConfig, layer: int, shapes: dict) -> dict:

@@ -14,7 +14,8 @@ from .errors import CheckpointError, PairError
 
 SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
-                     "gemma3_text": "Gemma3ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+                     "gemma3_text": "Gemma3ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                     "kimi_k2": "DeepseekV3ForCausalLM"}  # Kimi K2: the DeepSeek-V3 architecture, its own model_type
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -144,7 +145,19 @@ class TargetConfig:
         from transformers import AutoConfig  # configs only: normalises rope fields across versions
 
         try:
-            hf = AutoConfig.from_pretrained(path)
+            if model_type == "kimi_k2":  # transformers has no kimi_k2 config (the release ships remote code)
+                import transformers
+                from transformers import DeepseekV3Config
+
+                level = transformers.logging.get_verbosity()
+                transformers.logging.set_verbosity_error()  # "a model of type kimi_k2 ... deepseek_v3" warning
+                try:
+                    hf = DeepseekV3Config.from_pretrained(path)
+                finally:
+                    transformers.logging.set_verbosity(level)
+                hf.model_type = "deepseek_v3"
+            else:
+                hf = AutoConfig.from_pretrained(path)
         except Exception as e:  # transformers' own validators (layer_types, rope, ...): one line, no traceback
             first = str(e).strip().splitlines()
             raise CheckpointError(f"{path}/config.json is invalid for {model_type}: "

@@ -132,6 +132,18 @@ def test_missing_weights_fail_clearly(models, tmp_path):
         LLM(target=str(d), speculative=False)
 
 
+def test_kimi_k2_config_runs_as_deepseek_v3(models, tmp_path):
+    """Kimi K2's config.json says model_type kimi_k2 (transformers has no such config): read as DeepSeek-V3."""
+    from dflash_trt import SamplingParams
+
+    d = copy_with(models["t"], tmp_path / "kimi", model_type="kimi_k2")
+    assert TargetConfig.from_dir(d).model_type == "deepseek_v3"
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    ps = families.prompts(2, seed=4)
+    outs = [[o.token_ids for o in LLM(target=x, speculative=False).generate(ps, sp)] for x in (d, models["t"])]
+    assert outs[0] == outs[1]
+
+
 @pytest.fixture(scope="module")
 def engines(models, tmp_path_factory):
     root = tmp_path_factory.mktemp("deepseek_v3_engines")
