@@ -11,11 +11,7 @@ from dflash_trt import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("batching")
-    t = tiny.make_target(str(root / "t"), kind="llama", boost_tokens=(11,), boost=5.0)
-    d = tiny.make_drafter(str(root / "d"), t, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
-                          residual_scale=0.3)
-    return t, d
+    return tiny.accepting_pair(str(tmp_path_factory.mktemp("batching")))  # 4 heads, 2 kv heads
 
 
 def workload(n=64, seed=0):

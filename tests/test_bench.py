@@ -213,11 +213,7 @@ def test_report_schema():
 # -- end to end --------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench")
-    t = tiny.make_target(str(root / "t"), kind="llama", boost_tokens=(11,), boost=5.0)
-    d = tiny.make_drafter(str(root / "d"), t, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
-                          residual_scale=0.3)
-    return t, d
+    return tiny.accepting_pair(str(tmp_path_factory.mktemp("bench")))  # 4 heads, 2 kv heads
 
 
 def test_cli_end_to_end_tiny(pair, tmp_path, capsys):

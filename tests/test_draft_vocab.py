@@ -15,10 +15,7 @@ from dflash_trt.draft_vocab import save_draft_vocab
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("dv")
-    t = tiny.make_target(str(root / "t"), boost_tokens=(11,), boost=5.0)
-    d = tiny.make_drafter(str(root / "d"), t, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
-                          residual_scale=0.3)
-    return root, t, d
+    return (root, *tiny.accepting_pair(str(root)))
 
 
 def with_vocab(root, d, name, ids):

@@ -51,9 +51,7 @@ def test_fp8_scale_is_required():
 
 @pytest.mark.skipif(importlib.util.find_spec("modelopt") is None, reason="needs nvidia-modelopt")
 def test_fp8_engine_keeps_fp8_weights_and_decodes_the_same_tokens(tmp_path):
-    t = tiny.make_target(str(tmp_path / "t"), "llama", boost_tokens=(11,), boost=5.0)
-    d = tiny.make_drafter(str(tmp_path / "d"), t, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
-                          residual_scale=0.3)
+    t, d = tiny.accepting_pair(str(tmp_path))
     engine = str(tmp_path / "fp8")
     assert build_main(["--target", t, "--draft", d, "--quantization", "fp8", "--calib-samples", "4",
                        "--output", engine, "--quiet"]) == 0

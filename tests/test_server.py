@@ -64,11 +64,7 @@ def all_blocks_free(base: str) -> bool:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server")
-    t = tiny.make_target(str(root / "t"), kind="llama", boost_tokens=(11,), boost=5.0)
-    d = tiny.make_drafter(str(root / "d"), t, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
-                          residual_scale=0.3)
-    return t, d
+    return tiny.accepting_pair(str(tmp_path_factory.mktemp("server")))  # 4 heads, 2 kv heads
 
 
 @pytest.fixture(scope="module")

@@ -41,11 +41,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tpserve")
-    t = tiny.make_target(str(root / "t"), kind="llama", boost_tokens=(11,), boost=5.0)  # 4 heads, 2 kv heads
-    d = tiny.make_drafter(str(root / "d"), t, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
-                          residual_scale=0.3)
-    return t, d
+    return tiny.accepting_pair(str(tmp_path_factory.mktemp("tpserve")))  # 4 heads, 2 kv heads
 
 
 @pytest.fixture(scope="module")

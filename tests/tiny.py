@@ -154,3 +154,12 @@ def edit_json(path: str, **changes) -> None:
             cfg[k] = v
     with open(path, "w") as f:
         json.dump(cfg, f)
+
+
+def accepting_pair(root: str, block_size: int = 8, **target_kw) -> tuple[str, str]:
+    """A Llama target whose head favours token 11 and a drafter whose mask proposes it: drafts get accepted
+    often enough to exercise multi-token acceptance."""
+    t = make_target(os.path.join(root, "t"), **{"kind": "llama", "boost_tokens": (11,), "boost": 5.0, **target_kw})
+    d = make_drafter(os.path.join(root, "d"), t, block_size=block_size, mask_token_id=mask_proposing(t, 11),
+                     residual_scale=0.3)
+    return t, d

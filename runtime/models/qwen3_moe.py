@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..attention import paged_attention
 from ..config import TargetConfig
-from ..rope import apply_rope
 from .family import FamilyModel
 from .moe import SparseMoe, split_fused_experts
 from .target import MLP, Attention, RMSNorm
@@ -18,17 +16,6 @@ class WindowAttention(Attention):
     def __init__(self, cfg: TargetConfig, layer: int):
         super().__init__(cfg)
         self.window = cfg.window(layer)
-
-    def forward(self, x, cos, sin, kv_cache, batch):
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, -1, self.head_dim)
-        k = self.k_proj(x).view(t, -1, self.head_dim)
-        v = self.v_proj(x).view(t, -1, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale, window=self.window)
-        return self.o_proj(o.reshape(t, -1))
 
 
 class Qwen3MoeLayer(nn.Module):

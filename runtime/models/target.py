@@ -72,6 +72,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.scale = self.head_dim ** -0.5
+        self.window: int | None = None  # sliding-window layers of the families set it
 
     def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch):
         t = x.shape[0]
@@ -81,7 +82,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale)
+        o = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale, window=self.window)
         return self.o_proj(o.reshape(t, -1))
 
 
