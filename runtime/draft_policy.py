@@ -60,6 +60,8 @@ class AcceptanceEstimate:
         self.succ, self.fail = prior_p * prior_weight, (1.0 - prior_p) * prior_weight
         self.decay = decay
         self.idle = 0  # consecutive steps without drafting
+        self.probe_gap = 0  # steps between probes (0: not set yet)
+        self.probing = False
 
     def update(self, k: int, accepted: int) -> None:
         self.succ = self.succ * self.decay + accepted
@@ -73,17 +75,20 @@ class AcceptanceEstimate:
 
 class DraftLengthPolicy:
     """K per request: adaptive (the cost model above) or fixed (the schedule's K, as TensorRT-LLM does).
-    A request the model sends to K = 0 still drafts 1 token every `probe_every` steps so its estimate can
-    recover when the text becomes predictable."""
+    A request the model sends to K = 0 still drafts 1 token after `probe_every` steps so its estimate can
+    recover when the text becomes predictable; each probe that misses doubles the wait (up to `max_gap`)."""
 
-    def __init__(self, mode: str, costs: StepCosts, probe_every: int = 8):
-        self.mode, self.costs, self.probe_every = mode, costs, probe_every
+    def __init__(self, mode: str, costs: StepCosts, probe_every: int = 8, max_gap: int = 64):
+        self.mode, self.costs, self.probe_every, self.max_gap = mode, costs, probe_every, max_gap
         self.engine_rate = AcceptanceEstimate(decay=0.98)  # the prior of new requests
 
     def new_estimate(self) -> AcceptanceEstimate:
         return AcceptanceEstimate(prior_p=self.engine_rate.p)
 
     def observe(self, est: AcceptanceEstimate, k: int, accepted: int) -> None:
+        if est.probing:
+            est.probing = False
+            est.probe_gap = self.probe_every if accepted else min(2 * est.probe_gap, self.max_gap)
         est.update(k, accepted)
         self.engine_rate.update(k, accepted)
 
@@ -93,6 +98,7 @@ class DraftLengthPolicy:
         k = best_draft_len(est.p, k_cap, batch, self.costs)
         if k == 0:
             est.idle += 1
-            if est.idle >= self.probe_every:
-                est.idle, k = 0, 1
+            if est.idle >= (est.probe_gap or self.probe_every):
+                est.idle, k, est.probing = 0, 1, True
+                est.probe_gap = est.probe_gap or self.probe_every
         return k
