@@ -28,7 +28,7 @@ def main() -> int:
     ap.add_argument("--png", default="tau_curve.png")
     args = ap.parse_args()
     hist = load_history(args.run)
-    print("| step | training minutes (CPU, 1 thread) | held-out tau (K=7) | held-out loss |")
+    print("| step | training minutes (summed step time) | held-out tau (K=7) | held-out loss |")
     print("|---:|---:|---:|---:|")
     for h in hist:
         print(f"| {h['step']} | {h['minutes']:.0f} | {h['tau']:.3f} | {h['eval_loss']:.3f} |")
