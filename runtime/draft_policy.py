@@ -76,11 +76,17 @@ class AcceptanceEstimate:
 class DraftLengthPolicy:
     """K per request: adaptive (the cost model above) or fixed (the schedule's K, as TensorRT-LLM does).
     A request the model sends to K = 0 still drafts 1 token after `probe_every` steps so its estimate can
-    recover when the text becomes predictable; each probe that misses doubles the wait (up to `max_gap`)."""
+    recover when the text becomes predictable; each probe that misses doubles the wait (up to `max_gap`). Probes
+    fall on iterations that are multiples of `probe_every`, so requests that gave up share one drafter pass
+    instead of each paying its fixed cost on a different step."""
 
     def __init__(self, mode: str, costs: StepCosts, probe_every: int = 8, max_gap: int = 64):
         self.mode, self.costs, self.probe_every, self.max_gap = mode, costs, probe_every, max_gap
         self.engine_rate = AcceptanceEstimate(decay=0.98)  # the prior of new requests
+        self.iteration = 0
+
+    def begin_iteration(self) -> None:
+        self.iteration += 1
 
     def new_estimate(self) -> AcceptanceEstimate:
         return AcceptanceEstimate(prior_p=self.engine_rate.p)
@@ -98,7 +104,7 @@ class DraftLengthPolicy:
         k = best_draft_len(est.p, k_cap, batch, self.costs)
         if k == 0:
             est.idle += 1
-            if est.idle >= (est.probe_gap or self.probe_every):
+            if est.idle >= (est.probe_gap or self.probe_every) and self.iteration % self.probe_every == 0:
                 est.idle, k, est.probing = 0, 1, True
                 est.probe_gap = est.probe_gap or self.probe_every
         return k

@@ -96,7 +96,7 @@ def drafter_is_trained() -> bool:
 
 
 def ensure_draft() -> str:
-    """The shipped trained drafter; until [train] lands, an untrained one made from the target's shapes."""
+    """The shipped trained drafter (runtime/assets/smollm2-dflash); without it, an untrained one of its shape."""
     if drafter_is_trained():
         return DRAFT_DIR
     path = os.path.join(cache_dir(), "smollm2-dflash-untrained")

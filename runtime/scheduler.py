@@ -67,6 +67,8 @@ class Scheduler:
         budget, out = self.cfg.max_num_tokens, []
         decoding = [s for s in self.running if not s.in_prefill]
         k = self.cfg.draft_len_for(len(decoding), self.max_draft_len) if self.max_draft_len else 0
+        if self.policy is not None:
+            self.policy.begin_iteration()
         for seq in list(self.running):
             if seq.in_prefill or seq not in self.running or budget < 1:
                 continue

@@ -47,13 +47,22 @@ def test_estimate_is_the_geometric_mle_and_follows_the_text():
 def test_policy_probes_after_giving_up_and_fixed_mode_keeps_k():
     pol = DraftLengthPolicy("adaptive", CPU, probe_every=4, max_gap=16)
     e = AcceptanceEstimate(prior_p=0.01)
-    ks = []
-    for _ in range(60):  # every probe misses: the gaps double, 4, 8, 16, 16
+    late = AcceptanceEstimate(prior_p=0.01)
+    ks, ks_late = [], []
+    for i in range(60):  # every probe misses: the gaps double, 4, 8, 16, 16
+        pol.begin_iteration()
         ks.append(pol.choose(e, 7, 1))
         if ks[-1]:
             pol.observe(e, ks[-1], 0)
-    assert [i for i, k in enumerate(ks) if k] == [3, 11, 27, 43, 59] and set(ks) == {0, 1}
+        if i >= 5:  # a request that gave up later probes on the same iterations as the first
+            ks_late.append(pol.choose(late, 7, 1))
+            if ks_late[-1]:
+                pol.observe(late, ks_late[-1], 0)
+    assert [i + 1 for i, k in enumerate(ks) if k] == [4, 12, 28, 44, 60] and set(ks) == {0, 1}
+    assert all((i + 6) % 4 == 0 for i, k in enumerate(ks_late) if k) and sum(ks_late) >= 2
     e.idle = e.probe_gap - 1
+    while pol.iteration % 4:
+        pol.begin_iteration()
     assert pol.choose(e, 7, 1) == 1
     pol.observe(e, 1, 1)  # a probe that lands: back to the short gap
     assert e.probe_gap == 4
