@@ -32,8 +32,8 @@ SP = SamplingParams(max_tokens=30, ignore_eos=True)
 def test_full_vocab_file_drafts_exactly_as_without(pair):
     root, t, d = pair
     full = with_vocab(root, d, "full", range(tiny.VOCAB))
-    a = LLM(target=t, draft=d, trace=True).generate(PROMPTS, SP)
-    b = LLM(target=t, draft=full, trace=True).generate(PROMPTS, SP)
+    a = LLM(target=t, draft=d, trace=True, draft_len_policy="fixed").generate(PROMPTS, SP)
+    b = LLM(target=t, draft=full, trace=True, draft_len_policy="fixed").generate(PROMPTS, SP)
     assert [o.trace for o in a] == [o.trace for o in b]
     assert sum(o.accepted for o in a) > 0
 
