@@ -42,7 +42,7 @@ def main():
     target, draft = embedded_paths()
     engines = {f: build(f, target, draft, os.path.join(args.work, f)) for f in ["bf16"] + args.formats.split(",")}
     sp = SamplingParams(max_tokens=args.max_tokens)
-    ref_llm = LLM(engines["bf16"])
+    ref_llm = LLM(engines["bf16"], draft_len_policy="fixed")  # tau at one K: comparable across engines
     ref = ref_llm.generate(PROMPTS, sp, chat=True)
     seqs = [o.prompt_token_ids + o.token_ids for o in ref]
     _, ref_logits, _ = teacher_forward(ref_llm.engine.target, seqs)
@@ -50,7 +50,7 @@ def main():
     print(f"{'format':8s} {'top-1 agreement':>16s} {'tau':>6s} {'tau change':>11s}")
     base_tau = sum(o.accepted + o.steps for o in ref) / max(1, sum(o.steps for o in ref))
     for fmt, path in engines.items():
-        llm = ref_llm if fmt == "bf16" else LLM(path)
+        llm = ref_llm if fmt == "bf16" else LLM(path, draft_len_policy="fixed")
         _, logits, _ = teacher_forward(llm.engine.target, seqs)
         agree = (logits.argmax(-1) == ref_top).float().mean().item()
         outs = llm.generate(PROMPTS, sp, chat=True)
