@@ -2,7 +2,9 @@
 
     python benchmarks/batching.py [--target DIR --draft DIR] [--concurrency 1,4,16,32] [--max-tokens 64]
 
-A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair).
+A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair). The AR
+and the DFlash engine run side by side, one iteration each in turn, and each is timed by its own clock (the sum
+of its iteration times): on a shared, noisy machine both see the same conditions, so their ratio is fair.
 """
 from __future__ import annotations
 
@@ -17,26 +19,42 @@ PROMPTS = [f"Write a short Python function number {i} that " + t for i, t in enu
      "flattens a nested list."] * 8)]
 
 
-def run(llm, prompts, concurrency, max_tokens):
-    from dflash_trt import SamplingParams
+class ClosedLoop:
+    """`concurrency` requests in flight on one engine; time advances only while this engine steps."""
 
-    eng = llm.engine
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    todo, live, done = list(prompts), [], []
-    t0 = time.perf_counter()
-    while todo or live:
-        while todo and len(live) < concurrency:
-            live.append(llm.add_request(todo.pop(0), sp, chat=True))
-        eng.step()
-        for s in [s for s in live if s.is_finished]:
-            live.remove(s)
-            done.append(s)
-            eng.release(s)
-    wall = time.perf_counter() - t0
-    tokens = sum(s.num_output for s in done)
-    per_user = sum((s.num_output - 1) / (s.finish_time - s.first_token_time) for s in done) / len(done)
-    tau = sum(s.tau for s in done) / len(done)
-    return tokens / wall, per_user, tau
+    def __init__(self, llm, prompts, concurrency, max_tokens):
+        from dflash_trt import SamplingParams
+
+        self.llm, self.eng, self.c = llm, llm.engine, concurrency
+        self.sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        self.todo, self.live, self.done = list(prompts), [], []
+        self.clock, self.first, self.last = 0.0, {}, {}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.todo or self.live)
+
+    def step(self) -> None:
+        while self.todo and len(self.live) < self.c:
+            self.live.append(self.llm.add_request(self.todo.pop(0), self.sp, chat=True))
+        t0 = time.perf_counter()
+        outs = self.eng.step()
+        self.clock += time.perf_counter() - t0
+        for o in outs:
+            self.first.setdefault(o.seq.seq_id, self.clock)
+            self.last[o.seq.seq_id] = self.clock
+        for s in [s for s in self.live if s.is_finished]:
+            self.live.remove(s)
+            self.done.append(s)
+            self.eng.release(s)
+
+    def figures(self):
+        tokens = sum(s.num_output for s in self.done)
+        per_user = sum((s.num_output - 1) / max(self.last[s.seq_id] - self.first[s.seq_id], 1e-9)
+                       for s in self.done) / len(self.done)
+        steps = sum(s.steps for s in self.done)  # speculative steps; tau over them (0: never drafted)
+        tau = sum(s.accepted + s.steps for s in self.done) / steps if steps else 0.0
+        return tokens / self.clock, per_user, tau
 
 
 def main():
@@ -47,6 +65,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--policy", default="adaptive", help="DFlash draft-length policy: adaptive or fixed")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from dflash_trt import LLM
@@ -56,21 +75,27 @@ def main():
         args.target, args.draft = embedded_paths()
     conc = [int(c) for c in args.concurrency.split(",")]
     prompts = PROMPTS[:args.num_requests]
-    rows = []
-    for mode in ("ar", "dflash"):
-        llm = LLM(target=args.target, draft=args.draft if mode == "dflash" else None,
-                  speculative=mode == "dflash", max_batch_size=max(conc))
-        for c in conc:
-            agg, user, tau = run(llm, prompts[:max(c, min(len(prompts), 2 * c))], c, args.max_tokens)
-            rows.append((mode, c, agg, user, tau))
-            print(f"{mode:7s} concurrency {c:3d}: aggregate {agg:8.1f} tok/s, per user {user:7.1f} tok/s"
-                  + (f", tau {tau:.2f}" if mode == "dflash" else ""), flush=True)
-    ar = {c: a for m, c, a, _, _ in rows if m == "ar"}
-    print("\nconcurrency  DFlash/AR aggregate")
-    for m, c, a, _, _ in rows:
-        if m == "dflash":
-            print(f"{c:11d}  {a / ar[c]:.2f}x")
-    print(f"AR scaling: concurrency {max(conc)} vs 1 = {ar[max(conc)] / ar[min(conc)]:.2f}x")
+    ar_llm = LLM(target=args.target, speculative=False, max_batch_size=max(conc))
+    sd_llm = LLM(target=args.target, draft=args.draft, speculative=True, max_batch_size=max(conc),
+                 draft_len_policy=args.policy)
+    c = sd_llm.engine.policy.costs
+    print(f"DFlash step costs measured at start (units of a one-row target pass): verify row {c.row:.3f}, "
+          f"drafter pass {c.draft:.3f} + {c.draft_row:.3f} per request")
+    print(f"{'conc':>4s} {'AR agg':>8s} {'DFlash agg':>10s} {'ratio':>6s} {'AR user':>8s} {'DF user':>8s} "
+          f"{'tau':>5s}  (tok/s; each engine on its own clock)")
+    ratios, ar_agg = {}, {}
+    for c in conc:
+        ps = prompts[:max(c, min(len(prompts), 2 * c))]
+        ar, sd = ClosedLoop(ar_llm, ps, c, args.max_tokens), ClosedLoop(sd_llm, ps, c, args.max_tokens)
+        while ar.busy or sd.busy:
+            for run in (ar, sd):
+                if run.busy:
+                    run.step()
+        (a, au, _), (d, du, tau) = ar.figures(), sd.figures()
+        ratios[c], ar_agg[c] = d / a, a
+        print(f"{c:4d} {a:8.1f} {d:10.1f} {d / a:5.2f}x {au:8.1f} {du:8.1f} {tau:5.2f}", flush=True)
+    print(f"DFlash/AR aggregate: {', '.join(f'c={c} {r:.2f}x' for c, r in ratios.items())}")
+    print(f"AR scaling: concurrency {max(conc)} vs {min(conc)} = {ar_agg[max(conc)] / ar_agg[min(conc)]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -8,16 +8,17 @@ Autoregressive decoding of the same batch B commits 1 token per request for fixe
 K > 0 only when E(K) / cost(K) beats that: DFlash never runs where it would be slower than plain decoding.
 
 On a CPU the target's matmuls are compute-bound already at a few rows, so verify rows are expensive and K shrinks
-with load; on a GPU they are nearly free at small batch and K stays at the maximum. The policy uses only token
-statistics, never clocks, so every tensor-parallel rank and every rerun chooses the same K (losslessness never
-depends on K anyway).
+with load; on a GPU they are nearly free at small batch and K stays at the maximum. The costs are measured once
+at engine start (runtime/calibrate.py; rank 0's figures on every tensor-parallel rank); after that the policy
+uses only token statistics, never clocks, so every rank chooses the same K. Outputs never depend on K: greedy and
+seeded sampled tokens are the target's own whatever is drafted.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# measured on the development CPU (2-core Xeon, embedded SmolLM2-135M pair, fp32, one thread): target step
-# ~60 ms, +5.5 ms per verify row, drafter pass ~8 ms + ~3 ms per request; on a GPU the weights dominate.
+# fallbacks when nothing is measured. CPU: the development machine (2-core Xeon, embedded SmolLM2-135M pair,
+# fp32, one thread): target step ~60 ms, +5.5 ms per verify row, drafter pass ~8 ms + ~3 ms per request.
 CPU_COSTS = {"row": 0.09, "draft": 0.13, "draft_row": 0.05}
 GPU_COSTS = {"row": 0.002, "draft": 0.08, "draft_row": 0.002}
 
@@ -37,6 +38,11 @@ class StepCosts:
 
 def expected_tokens(p: float, k: int) -> float:
     return float(k + 1) if p >= 1.0 else (1.0 - p ** (k + 1)) / (1.0 - p)
+
+
+# the best per-position acceptance a drafter plausibly keeps up: where even that would not pay at this batch
+# size, a request that gave up drafting does not probe either (a probe costs a drafter pass and verify rows)
+HOPEFUL_P = 0.9
 
 
 def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts) -> int:
@@ -104,7 +110,8 @@ class DraftLengthPolicy:
         k = best_draft_len(est.p, k_cap, batch, self.costs)
         if k == 0:
             est.idle += 1
-            if est.idle >= (est.probe_gap or self.probe_every) and self.iteration % self.probe_every == 0:
+            if (est.idle >= (est.probe_gap or self.probe_every) and self.iteration % self.probe_every == 0
+                    and best_draft_len(HOPEFUL_P, k_cap, batch, self.costs) > 0):
                 est.idle, k, est.probing = 0, 1, True
                 est.probe_gap = est.probe_gap or self.probe_every
         return k

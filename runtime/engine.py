@@ -8,6 +8,7 @@ import torch
 
 from . import ops, tensor_parallel
 from .draft_policy import DraftLengthPolicy, StepCosts
+from .calibrate import measure_step_costs
 from .draft_vocab import load_draft_vocab
 from .engine_config import EngineConfig
 from .errors import DFlashError
@@ -98,12 +99,21 @@ class LLMEngine:
         d_caches = allocate_caches(num_blocks, page, d_layers, cfg.torch_dtype, cfg.device) if dcfg else []
         self.runner = ModelRunner(self.target, self.drafter, t_caches, d_caches, page, cfg.device,
                                   use_plugins=cfg.use_plugins)
-        self.policy = DraftLengthPolicy(cfg.draft_len_policy, StepCosts.for_device(cfg.device, cfg.step_costs))
+        self.policy = DraftLengthPolicy(cfg.draft_len_policy, self._step_costs())
         self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len, self.policy)
         self.metrics = EngineMetrics()
         self.sequences: dict[str, Sequence] = {}
         self.weight_bytes = tensor_parallel.weight_bytes(self.target, self.drafter)
         self.spmd = tensor_parallel.SPMD(self) if self.dist is not None else None
+
+    def _step_costs(self) -> StepCosts:
+        """The adaptive policy's cost model: measured here and now (runtime/calibrate.py) unless given."""
+        cfg, measured = self.cfg, None
+        if cfg.step_costs is None and cfg.draft_len_policy == "adaptive" and self.max_draft_len:
+            measured = measure_step_costs(self.runner, self.blocks, token_id=0, k=min(3, self.max_draft_len))
+            if self.dist is not None:  # every rank must choose the same K: rank 0's figures for all
+                measured = self.dist.broadcast_object(measured)
+        return StepCosts.for_device(cfg.device, measured or cfg.step_costs)
 
     # -- requests -------------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None) -> Sequence:

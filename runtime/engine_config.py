@@ -29,7 +29,8 @@ class EngineConfig:
     # "adaptive": per request, the K (<= the schedule's) with the most tokens per unit time under a step-cost
     # model (runtime/draft_policy.py); "fixed": always the schedule's K, as TensorRT-LLM does
     draft_len_policy: str = "adaptive"
-    step_costs: dict | None = None  # overrides of the cost model's row / draft / draft_row
+    # the cost model's row / draft / draft_row (runtime/draft_policy.py); default: measured at engine start
+    step_costs: dict | None = None
     dtype: str = "float32"
     device: str | None = None
     trace: bool = False

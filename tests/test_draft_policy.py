@@ -82,7 +82,8 @@ def test_engine_drafts_long_when_drafts_land_and_stops_when_they_do_not(tmp_path
     ar = [o.token_ids for o in LLM(target=t, speculative=False).generate(prompts, sp)]
     for right in (True, False):
         for pol in ("adaptive", "fixed"):
-            llm = LLM(target=t, draft=d, trace=True, draft_len_policy=pol)
+            # the CPU constants of a real model: a tiny model's drafter pass costs as much as its target pass
+            llm = LLM(target=t, draft=d, trace=True, draft_len_policy=pol, step_costs=vars(CPU))
             truth = {}
 
             def oracle(work):  # the target's own continuation, or always-wrong tokens
@@ -106,3 +107,18 @@ def test_engine_drafts_long_when_drafts_land_and_stops_when_they_do_not(tmp_path
                 for o in outs:  # after a few misses: no drafts (untraced steps), rarer and rarer 1-token probes
                     late = [len(dr) for dr, _ in o.trace][4:]
                     assert len(late) <= 3 and all(k <= 1 for k in late), late
+
+
+def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
+    t = tiny.make_target(str(tmp_path / "t"))
+    d = tiny.make_drafter(str(tmp_path / "d"), t, block_size=8)
+    eng = LLM(target=t, draft=d).engine
+    c = eng.policy.costs
+    # a tiny target pass costs about what a tiny drafter pass does: drafting is far from free here, unlike the
+    # CPU defaults for a real model; verify rows are cheap next to the fixed cost of a pass
+    assert 0 <= c.row < 1 and c.draft > 0.1 and c.draft_row >= 0, c
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+    given = LLM(target=t, draft=d, step_costs={"row": 0.5, "draft": 0.25, "draft_row": 0.125}).engine.policy.costs
+    assert (given.row, given.draft, given.draft_row) == (0.5, 0.25, 0.125)
+    from dflash_trt.calibrate import measure_step_costs
+    assert measure_step_costs(eng.runner, type(eng.blocks)(2, eng.blocks.block_size), 0) is None  # no room
