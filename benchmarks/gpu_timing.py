@@ -87,6 +87,9 @@ MODELS = {
         max_position_embeddings=40960, rope_theta=1000000.0, rope_scaling=None, tie_word_embeddings=False,
         bos_token_id=151643, eos_token_id=151645, mask_token_id=151669),
 }
+# the Llama target as an FP8 engine runs it: e4m3 weights and activations, native FP8 GEMMs (runtime/ops.py
+# fp8_linear, torch._scaled_mm) in every decoder-layer linear; embeddings, head and drafter stay bf16
+MODELS["llama3.1-8b-fp8"] = dict(MODELS["llama3.1-8b"], fp8=True)
 # the same families at toy size: CI runs the whole code path on a CPU in seconds
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, mask_token_id=999)
@@ -95,7 +98,7 @@ DRAFT_LAYERS, TINY_DRAFT_LAYERS, BLOCK = 5, 2, 16
 
 def target_config(spec: dict) -> TargetConfig:
     """TargetConfig.from_hf over a plain namespace of config.json fields (no transformers object needed)."""
-    hf = types.SimpleNamespace(**{k: v for k, v in spec.items() if k != "mask_token_id"})
+    hf = types.SimpleNamespace(**{k: v for k, v in spec.items() if k not in ("mask_token_id", "fp8")})
     return TargetConfig.from_hf(hf)
 
 
@@ -151,6 +154,22 @@ def numel(mod) -> int:
     return sum(p.numel() for p in mod.parameters())
 
 
+def to_fp8(target) -> int:
+    """Every decoder-layer Linear as a ModelOpt FP8 export would give it: per-tensor e4m3 weight + scale and a
+    static input scale; the dequantised copy freed. Returns the parameters converted."""
+    from dflash_trt.models.target import Linear
+
+    n = 0
+    for m in target.model.layers.modules():
+        if isinstance(m, Linear):
+            w = m.weight.data
+            scale = (w.abs().amax().float() / 448.0).clamp_min(1e-12)
+            m.fp8 = ((w.float() / scale).to(torch.float8_e4m3fn), scale, torch.tensor(0.02, device=w.device))
+            n += w.numel()
+            m.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
+    return n
+
+
 # ------------------------------------------------------------------------------------------ one model
 class Bench:
     def __init__(self, name, spec, args, device, dtype, notes):
@@ -181,6 +200,13 @@ class Bench:
         self.elem = torch.empty(0, dtype=dtype).element_size()
         self.head_params = t.hidden_size * t.vocab_size
         self.t_layer_params = numel(self.target.model.layers)
+        self.t_layer_bytes = self.t_layer_params * self.elem
+        self.t_params, self.t_bytes = numel(self.target), numel(self.target) * self.elem
+        self.fp8 = bool(spec.get("fp8"))
+        if self.fp8:  # 1 byte per converted weight; norms, embeddings and head stay in the model dtype
+            n8 = to_fp8(self.target)
+            self.t_layer_bytes -= n8 * (self.elem - 1)
+            self.t_bytes -= n8 * (self.elem - 1)
         self.d_layer_params = numel(self.drafter.layers)
         self.fc_params = numel(self.drafter.fc) + numel(self.drafter.hidden_norm)
         self.kv_write_params = sum(numel(a.k_proj) + numel(a.v_proj) + numel(a.k_norm)
@@ -191,8 +217,8 @@ class Bench:
         return {"target": {"model_type": t.model_type, "hidden_size": t.hidden_size, "layers": t.num_hidden_layers,
                            "heads": t.num_attention_heads, "kv_heads": t.num_key_value_heads, "head_dim": t.head_dim,
                            "intermediate_size": t.intermediate_size, "vocab_size": t.vocab_size,
-                           "rope_type": t.rope.rope_type, "qk_norm": t.qk_norm, "params": numel(self.target),
-                           "weight_bytes": numel(self.target) * self.elem},
+                           "rope_type": t.rope.rope_type, "qk_norm": t.qk_norm, "params": self.t_params,
+                           "weight_bytes": self.t_bytes, "fp8_linears": self.fp8},
                 "drafter": {"layers": d.num_hidden_layers, "block_size": d.block_size,
                             "target_layer_ids": d.target_layer_ids, "params": numel(self.drafter),
                             "weight_bytes": numel(self.drafter) * self.elem},
@@ -205,7 +231,7 @@ class Bench:
     def target_work(self, b: int, q: int):
         t = self.tcfg
         rows, kv_len = b * q, self.ctx + q
-        nbytes = ((self.t_layer_params + self.head_params) * self.elem + rows * t.hidden_size * self.elem
+        nbytes = (self.t_layer_bytes + self.head_params * self.elem + rows * t.hidden_size * self.elem
                   + b * self.ctx * self.kv_token_bytes(t) + rows * self.kv_token_bytes(t))
         attn = 4 * b * q * kv_len * t.num_attention_heads * t.head_dim * t.num_hidden_layers
         return nbytes, 2 * rows * (self.t_layer_params + self.head_params) + attn

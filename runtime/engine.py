@@ -12,7 +12,7 @@ from .calibrate import measure_step_costs
 from .draft_vocab import load_draft_vocab
 from .engine_config import EngineConfig
 from .errors import DFlashError
-from .fp8_weights import keep_fp8_weights
+from .fp8_weights import keep_fp8_weights, use_fp8_matmul
 from .kv_cache import BlockManager, allocate_caches, bytes_per_block
 from .loader import ModelPaths, load_configs, load_models
 from .model_runner import ModelRunner
@@ -68,12 +68,16 @@ class LLMEngine:
         else:
             self.target, self.drafter = load_models(paths, tcfg, dcfg, cfg.torch_dtype, cfg.device,
                                                     max_positions=cfg.max_seq_len + 32)
-        self.fp8_linears = 0
+        self.fp8_linears, self.fp8_native = 0, False
         if str(cfg.device).startswith("cpu") and cfg.invariant_kernels and ops.enable_invariant():
             self.target.pack()
             if self.drafter is not None:
                 pack_linears(self.drafter)
-            if cfg.fp8_weights and self.dist is None and is_quantized(paths.target):
+        if cfg.fp8_weights and self.dist is None and is_quantized(paths.target):
+            native = cfg.fp8_compute if cfg.fp8_compute is not None else ops.fp8_matmul_available(cfg.device)
+            if native:
+                self.fp8_linears, self.fp8_native = use_fp8_matmul(self.target, paths.target), True
+            else:
                 self.fp8_linears = keep_fp8_weights(self.target, paths.target)
         if self.drafter is not None and self.dist is None and cfg.draft_vocab:  # TP keeps the vocab-split head
             ids = load_draft_vocab(paths.draft, tcfg.vocab_size)

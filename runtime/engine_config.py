@@ -40,6 +40,9 @@ class EngineConfig:
     seed: int | None = None
     # FP8 targets on CPU: keep weights in FP8 (bitwise the dequantised results, 1/4 of the bytes); False: fp32
     fp8_weights: bool = True
+    # FP8 targets: native FP8 GEMMs (weights and activations in e4m3, as TensorRT-LLM runs them); default: on
+    # GPUs with FP8 tensor cores (compute capability >= 8.9), off elsewhere; True forces them (CPU too)
+    fp8_compute: bool | None = None
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True
     # tensor parallelism over the ranks mpirun started (default: engine.json's tp_size, else the world size)

@@ -54,6 +54,41 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+E4M3_MAX = 448.0
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor, in_scale: torch.Tensor | None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """W8A8 FP8 GEMM (torch._scaled_mm: the tensor cores of Hopper/Blackwell/Ada, or PyTorch's CPU kernel).
+
+    weight: [N, K] float8_e4m3fn; w_scale: per-tensor or per-output-channel fp32. Activations are quantised to
+    e4m3 with the checkpoint's static `input_scale` (ModelOpt FP8, what TensorRT-LLM runs), else with one
+    dynamic scale per row (FP8_PER_CHANNEL_PER_TOKEN): never one scale for the whole batch, which would make a
+    row's result depend on the other rows and break DFlash's bitwise agreement with autoregressive decoding.
+    """
+    shape, k = x.shape, x.shape[-1]
+    x2 = x.reshape(-1, k).float()
+    if in_scale is not None:
+        xs = in_scale.float().reshape(1, 1).to(x.device)
+    else:
+        xs = (x2.abs().amax(dim=1, keepdim=True) / E4M3_MAX).clamp_min(1e-12)
+    xq = (x2 / xs).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    # unit scales in the GEMM and the real ones after, in fp32: one code path for per-tensor and per-channel
+    # weight scales and static or per-row activation scales, on every device _scaled_mm supports
+    y = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    y = y * xs * w_scale.float().reshape(1, -1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).reshape(*shape[:-1], weight.shape[0])
+
+
+def fp8_matmul_available(device) -> bool:
+    """FP8 tensor cores: compute capability 8.9 (Ada) and up."""
+    dev = torch.device(device)
+    return dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.get_device_capability(dev) >= (8, 9)
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if _use_bi(gate):
         return _bi.silu_mul(gate, up)

@@ -83,3 +83,54 @@ def test_bf16_valued_fp32_weights_are_packed_as_bf16_with_the_same_bits():
     assert torch.equal(bi.linear(x, p), bi.linear(x, bi.pack_linear(w, torch.float32)))
     w[3, 4] += 1e-3  # one value bf16 cannot hold: fp32 panels
     assert ops.pack(w).dtype == torch.float32
+
+
+def test_native_fp8_gemm_quantises_activations_per_row_or_statically():
+    from dflash_trt import ops
+    g = torch.Generator().manual_seed(2)
+    n, k = 48, 64
+    w = (torch.randn(n, k, generator=g) * 2).to(torch.float8_e4m3fn)
+    for w_scale in (torch.tensor(0.02), torch.rand(n, generator=g) * 0.05 + 0.01):
+        ws = w_scale.reshape(1, -1) if w_scale.numel() > 1 else w_scale
+        x = torch.randn(5, k, generator=g)
+        bias = torch.randn(n, generator=g)
+        # static input scale: x / s rounded to e4m3, exact products summed in fp32, then both scales
+        s = torch.tensor(0.01)
+        xq = (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+        ref = xq @ w.float().t() * s * ws + bias
+        assert torch.allclose(ops.fp8_linear(x, w, w_scale, s, bias), ref, rtol=1e-5, atol=1e-4)
+        # no input scale: each row its own amax scale, so a row's result never depends on the batch
+        y = ops.fp8_linear(x, w, w_scale, None)
+        for i in range(x.shape[0]):
+            assert torch.equal(ops.fp8_linear(x[i:i + 1], w, w_scale, None), y[i:i + 1])
+        deq = x @ (w.float() * ws.reshape(-1, 1) if w_scale.numel() > 1 else w.float() * w_scale).t()
+        assert (y - deq).abs().max() < 0.08 * deq.abs().max()  # e4m3 activations: a few % of the range
+    assert ops.fp8_linear(torch.randn(2, 3, k), w, torch.tensor(1.0), None).shape == (2, 3, n)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("modelopt") is None, reason="needs nvidia-modelopt")
+def test_fp8_engine_with_native_fp8_gemms_is_lossless_and_close_to_the_dequantised_target(tmp_path):
+    t, d = tiny.accepting_pair(str(tmp_path))
+    engine = str(tmp_path / "fp8")
+    assert build_main(["--target", t, "--draft", d, "--quantization", "fp8", "--calib-samples", "4",
+                       "--output", engine, "--quiet"]) == 0
+    native = LLM(engine, draft_len_policy="fixed", fp8_compute=True)
+    layers = native.engine.target_config.num_hidden_layers
+    assert native.engine.fp8_native and native.engine.fp8_linears == 7 * layers
+    lin = native.engine.target.model.layers[0].mlp.down_proj
+    assert lin.fp8[0].dtype == torch.float8_e4m3fn and lin.fp8[2] is not None and lin.weight.numel() == 0
+    assert LLM(engine, speculative=False).engine.fp8_native is False  # CPU default: the bitwise e4m3 panels
+    prompts = [[4, 5, 6], [11, 7, 9, 10], [30] * 12]
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    out = native.generate(prompts, sp)
+    ar = LLM(engine, speculative=False, fp8_compute=True).generate(prompts, sp)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ar]  # lossless on the native FP8 path too
+    assert sum(o.accepted for o in out) > 0
+    # teacher-forced logits against the dequantised (weight-only) target: within e4m3 activation error
+    from dflash_trt.teacher import teacher_forward
+    seq = [[4, 5, 6, 7, 8, 9, 10, 11]]
+    ln = teacher_forward(native.engine.target, seq)[1]
+    deq = LLM(engine, speculative=False, fp8_weights=False)
+    ld = teacher_forward(deq.engine.target, seq)[1]
+    assert (ln - ld).abs().max() < 0.1 * ld.abs().max()
+    assert (ln.argmax(-1) == ld.argmax(-1)).float().mean() >= 0.75

@@ -8,7 +8,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_timing.py")
-MODELS = ["llama3.1-8b", "qwen3-8b"]
+MODELS = ["llama3.1-8b", "qwen3-8b", "llama3.1-8b-fp8"]
 BATCHES = [1, 8, 32]
 KS = [7, 15]  # verify K+1 = 8 and 16 rows; drafts of K tokens
 
@@ -51,6 +51,10 @@ def test_gpu_timing_tiny_cpu_report(tmp_path):
                 info["target"]["hidden_size"] * 2
             assert ar["bytes"] < v8["bytes"] < v16["bytes"] and ar["flops"] < v8["flops"] < v16["flops"]
             assert by[(m, "draft", b, 7)]["flops"] < by[(m, "draft", b, 15)]["flops"]
+    fp8, bf16 = rep["models"]["llama3.1-8b-fp8"]["target"], rep["models"]["llama3.1-8b"]["target"]
+    assert fp8["fp8_linears"] and not bf16["fp8_linears"] and fp8["params"] == bf16["params"]
+    assert fp8["weight_bytes"] < bf16["weight_bytes"]  # decoder-layer linears at 1 byte per weight
+    assert by[("llama3.1-8b-fp8", "ar", 1, 0)]["bytes"] < by[("llama3.1-8b", "ar", 1, 0)]["bytes"]
     assert rep["models"]["qwen3-8b"]["target"]["qk_norm"] is True
     assert rep["models"]["llama3.1-8b"]["target"]["rope_type"] == "llama3"
 

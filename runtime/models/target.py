@@ -21,11 +21,14 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_f, in_f), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_f), requires_grad=False) if bias else None
         self.packed = None  # batch-invariant packed weight (ops.pack), set by pack_linears
+        self.fp8 = None  # (e4m3 weight, weight scale, input scale or None): native FP8 GEMM (runtime/fp8_weights.py)
         # reductions of layers tensor parallelism splits along K are summed in 8 fixed chunks, so any TP size
         # up to 8 reproduces the TP=1 bits (see plugins/invariant.py)
         self.k_splits = 8 if row_parallel and in_f % 8 == 0 else 1
 
     def forward(self, x):
+        if self.fp8 is not None:
+            return ops.fp8_linear(x, *self.fp8, self.bias)
         return ops.linear(x, self.weight, self.bias, self.packed, self.k_splits)
 
 
