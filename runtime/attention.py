@@ -39,6 +39,8 @@ class AttentionBatch:
     kernel_args: tuple | None = None  # (q_start, q_len, kv_len, kv_slots, kv_offsets) for the fused kernel
     # kernel arguments for sliding-window / sink layers, built once per step and shared by those layers
     variants: dict = field(default_factory=dict, repr=False)
+    # the same rows addressed through the sliding-window layers' own pool (kv_cache.WindowBlockManager), if any
+    windowed: "AttentionBatch | None" = None
 
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], block_size: int, device) -> "AttentionBatch":
@@ -91,6 +93,8 @@ def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch, scale: flo
     window: a sliding-window layer; a row at position p sees only keys at p - window + 1 .. p (HF semantics).
     sinks: [H] per-head logits of a virtual key with a zero value (gpt-oss): they join the softmax denominator.
     """
+    if window is not None and batch.windowed is not None:  # this layer's cache is the window pool's
+        batch = batch.windowed
     kvh, d = k_cache.shape[-2], k_cache.shape[-1]
     kc, vc = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
     kc.index_copy_(0, batch.slot_mapping, k.to(kc.dtype))

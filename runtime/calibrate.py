@@ -46,15 +46,15 @@ def measure_step_costs(runner, blocks, token_id: int, k: int = 3, tries: int = 3
         for _ in range(N):
             s = Sequence([token_id] * CONTEXT, SamplingParams(max_tokens=k + 1, seed=0))
             s.token_ids.append(token_id)  # one output token: the next step is a decode step
-            if not blocks.can_grow(s.block_table, CONTEXT + k + 1):
+            if not blocks.can_grow(s, CONTEXT + k + 1):
                 return None
-            blocks.grow(s.block_table, CONTEXT + k + 1)
+            blocks.grow(s, CONTEXT + k + 1)
             seqs.append(s)
         one, wide = _fastest(decode, seqs[:1], tries), _fastest(decode, seqs, tries)
         d_one, d_wide = _fastest(draft, seqs[:1], tries), _fastest(draft, seqs, tries)
     finally:
         for s in seqs:
-            blocks.release(s.block_table)
+            blocks.release(s)
     r = max((wide - one) / (N - 1), 0.0)
     fixed = max(one - r, 1e-6)
     d = max((d_wide - d_one) / (N - 1), 0.0)

@@ -13,7 +13,7 @@ from .draft_vocab import load_draft_vocab
 from .engine_config import EngineConfig
 from .errors import DFlashError
 from .fp8_weights import keep_fp8_weights, use_fp8_matmul
-from .kv_cache import BlockManager, allocate_caches, bytes_per_block
+from .kv_cache import BlockManager, CacheBlocks, WindowBlockManager, allocate_caches, bytes_per_block
 from .loader import ModelPaths, load_configs, load_models
 from .model_runner import ModelRunner
 from .models.target import pack_linears
@@ -91,18 +91,33 @@ class LLMEngine:
         tp = self.tp_size  # caches hold this rank's kv heads only
         t_layers = tcfg.cache_layers(tp)  # per layer (kv_heads, k_dim, v_dim): MLA keeps one latent 'head'
         d_layers = [(dcfg.num_key_value_heads // tp, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
-        per_block = bytes_per_block(page, t_layers + d_layers, cfg.torch_dtype)
-        budget = cfg.kv_cache_bytes or min(
-            2 << 30, per_block * cfg.max_batch_size * (-(-cfg.max_seq_len // page) + 1))
-        num_blocks = budget // per_block
+        # sliding-window target layers get their own small pool when the window is shorter than a sequence
+        windowed = [i for i in range(len(t_layers)) if tcfg.window(i)] if cfg.window_cache else []
+        window = max((tcfg.window(i) for i in windowed), default=0)
+        per_seq = -(-cfg.max_seq_len // page) + 1
+        if windowed and -(-window // page) + 2 >= per_seq:
+            windowed = []
+        main_layers = [t for i, t in enumerate(t_layers) if i not in windowed]
+        per_block = bytes_per_block(page, main_layers + d_layers, cfg.torch_dtype)
+        w_blocks = w_bytes = 0
+        if windowed:  # every running request's window plus one step's rows, and the reserved null block
+            w_blocks = cfg.max_batch_size * (-(-window // page) + 2) + -(-cfg.max_num_tokens // page) + 1
+            w_bytes = w_blocks * bytes_per_block(page, [t_layers[i] for i in windowed], cfg.torch_dtype)
+        budget = cfg.kv_cache_bytes or min(2 << 30, per_block * cfg.max_batch_size * per_seq) + w_bytes
+        # every layer windowed and no drafter: the main pool holds no bytes, its tables only count positions
+        num_blocks = max(budget - w_bytes, 0) // per_block if per_block else cfg.max_batch_size * per_seq
         if num_blocks * page < cfg.max_seq_len + page:
             raise DFlashError(f"KV cache of {budget} bytes holds {num_blocks * page} positions, fewer than "
                               f"max_seq_len {cfg.max_seq_len}: raise kv_cache_bytes or lower max_seq_len")
-        self.blocks = BlockManager(num_blocks, page)
-        t_caches = allocate_caches(num_blocks, page, t_layers, cfg.torch_dtype, cfg.device)
+        self.blocks = CacheBlocks(BlockManager(num_blocks, page),
+                                  WindowBlockManager(w_blocks, page, window) if windowed else None)
+        main_caches = iter(allocate_caches(num_blocks, page, main_layers, cfg.torch_dtype, cfg.device))
+        win_caches = iter(allocate_caches(w_blocks, page, [t_layers[i] for i in windowed], cfg.torch_dtype,
+                                          cfg.device) if windowed else [])
+        t_caches = [next(win_caches) if i in windowed else next(main_caches) for i in range(len(t_layers))]
         d_caches = allocate_caches(num_blocks, page, d_layers, cfg.torch_dtype, cfg.device) if dcfg else []
         self.runner = ModelRunner(self.target, self.drafter, t_caches, d_caches, page, cfg.device,
-                                  use_plugins=cfg.use_plugins)
+                                  use_plugins=cfg.use_plugins, window_pool=bool(windowed))
         self.policy = DraftLengthPolicy(cfg.draft_len_policy, self._step_costs())
         self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len, self.policy)
         self.metrics = EngineMetrics()

@@ -23,6 +23,8 @@ class EngineConfig:
     page_size: int = 16  # positions per cache block
     kv_cache_bytes: int | None = None  # default: enough for max_batch_size sequences of max_seq_len, capped
     enable_chunked_prefill: bool = True
+    # sliding-window layers in a pool of their own whose blocks are freed as they leave the window (kv_cache.py)
+    window_cache: bool = True
     # turn speculation off for a request whose mean accepted drafts per step stays below this
     min_acceptance: float = 0.0
     acceptance_window: int = 8

@@ -34,8 +34,9 @@ def load_plugin_ops(enabled: bool):
 
 class ModelRunner:
     def __init__(self, target: TargetModel, drafter: DFlashDrafter | None, target_caches, draft_caches,
-                 page_size: int, device, use_plugins: bool = True):
+                 page_size: int, device, use_plugins: bool = True, window_pool: bool = False):
         self.target, self.drafter = target, drafter
+        self.window_pool = window_pool  # sliding-window layers address their own pool (seq.window_table)
         self.target_caches, self.draft_caches = target_caches, draft_caches
         self.page, self.device = page_size, torch.device(device)
         self.ops = load_plugin_ops(use_plugins)
@@ -88,7 +89,7 @@ class ModelRunner:
     def execute(self, work: list[Scheduled]) -> dict[int, StepResult]:
         drafting = [w for w in work if w.draft_len > 0]
         drafts = self.draft(drafting) if drafting else {}
-        ids, pos, meta = [], [], []
+        ids, pos, meta, wmeta = [], [], [], []
         for w in work:
             s = w.seq
             if w.is_prefill:
@@ -98,7 +99,10 @@ class ModelRunner:
             ids += toks
             pos += range(s.num_computed, s.num_computed + len(toks))
             meta.append((len(toks), s.num_computed + len(toks), s.block_table))
+            wmeta.append((len(toks), s.num_computed + len(toks), s.window_table))
         batch = AttentionBatch.build(meta, self.page, self.device)
+        if self.window_pool:
+            batch.windowed = AttentionBatch.build(wmeta, self.page, self.device)
         pos_t = torch.tensor(pos, device=self.device)
         capture = self.drafter is not None
         hidden, feats = self.target(torch.tensor(ids, device=self.device), pos_t, self.target_caches, batch,

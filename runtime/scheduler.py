@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .draft_policy import DraftLengthPolicy
 from .engine_config import EngineConfig
-from .kv_cache import BlockManager
+from .kv_cache import CacheBlocks
 from .sequence import Sequence, Status
 
 
@@ -25,7 +25,7 @@ class Scheduled:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, blocks: BlockManager, max_draft_len: int,
+    def __init__(self, cfg: EngineConfig, blocks: CacheBlocks, max_draft_len: int,
                  policy: DraftLengthPolicy | None = None):
         self.cfg, self.blocks, self.max_draft_len, self.policy = cfg, blocks, max_draft_len, policy
         self.waiting: deque[Sequence] = deque()
@@ -40,7 +40,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         seq.status = Status.FINISHED
-        self.blocks.release(seq.block_table)
+        self.blocks.release(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -48,7 +48,7 @@ class Scheduler:
 
     def _preempt(self, victim: Sequence) -> None:
         self.running.remove(victim)
-        self.blocks.release(victim.block_table)
+        self.blocks.release(victim)
         victim.num_computed = 0
         victim.status = Status.WAITING
         victim.num_preemptions += 1
@@ -74,14 +74,15 @@ class Scheduler:
                 continue
             kk = min(self._draft_len(seq, k, len(decoding)), budget - 1)
             need = seq.num_computed + kk + 1
-            while not self.blocks.can_grow(seq.block_table, need):
+            self.blocks.trim(seq)
+            while not self.blocks.can_grow(seq, need):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
                     break
             if seq not in self.running:
                 continue
-            self.blocks.grow(seq.block_table, need)
+            self.blocks.grow(seq, need)
             out.append(Scheduled(seq, kk + 1, kk, False))
             budget -= kk + 1
         # prefill: running requests mid-prompt first, then admissions in arrival order
@@ -96,9 +97,10 @@ class Scheduler:
             if n > budget and not self.cfg.enable_chunked_prefill:
                 break
             n = min(n, budget)
-            if not self.blocks.can_grow(seq.block_table, seq.num_computed + n):
+            self.blocks.trim(seq)
+            if not self.blocks.can_grow(seq, seq.num_computed + n):
                 break
-            self.blocks.grow(seq.block_table, seq.num_computed + n)
+            self.blocks.grow(seq, seq.num_computed + n)
             if admitting:
                 self.waiting.remove(seq)
                 seq.status = Status.RUNNING

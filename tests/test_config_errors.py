@@ -27,8 +27,9 @@ def test_config_variants_load_identically(tmp_path, layout):
     a, b = DraftConfig.from_dir(ref), DraftConfig.from_dir(var)
     assert (a.block_size, a.mask_token_id, a.target_layer_ids) == (b.block_size, b.mask_token_id, b.target_layer_ids)
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
-    o1 = LLM(target=t, draft=ref, trace=True).generate([[4, 5, 6]], sp)[0]
-    o2 = LLM(target=t, draft=var, trace=True).generate([[4, 5, 6]], sp)[0]
+    # fixed K: the adaptive policy's K follows step costs measured per engine (timings), not the config
+    o1 = LLM(target=t, draft=ref, trace=True, draft_len_policy="fixed").generate([[4, 5, 6]], sp)[0]
+    o2 = LLM(target=t, draft=var, trace=True, draft_len_policy="fixed").generate([[4, 5, 6]], sp)[0]
     assert o1.token_ids == o2.token_ids and o1.trace == o2.trace
 
 

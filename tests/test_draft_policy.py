@@ -121,4 +121,5 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     given = LLM(target=t, draft=d, step_costs={"row": 0.5, "draft": 0.25, "draft_row": 0.125}).engine.policy.costs
     assert (given.row, given.draft, given.draft_row) == (0.5, 0.25, 0.125)
     from dflash_trt.calibrate import measure_step_costs
-    assert measure_step_costs(eng.runner, type(eng.blocks)(2, eng.blocks.block_size), 0) is None  # no room
+    from dflash_trt.kv_cache import BlockManager, CacheBlocks
+    assert measure_step_costs(eng.runner, CacheBlocks(BlockManager(2, eng.blocks.block_size)), 0) is None

@@ -41,17 +41,19 @@ def test_full_vocab_file_drafts_exactly_as_without(pair):
 def test_subset_vocab_only_proposes_its_tokens_and_stays_lossless(pair):
     root, t, d = pair
     ar = [o.token_ids for o in LLM(target=t, speculative=False).generate(PROMPTS, SP)]
-    full = LLM(target=t, draft=d, trace=True).generate(PROMPTS, SP)
+    full = LLM(target=t, draft=d, trace=True, draft_len_policy="fixed").generate(PROMPTS, SP)
     proposed = {x for o in full for drafts, _ in o.trace for x in drafts}
     assert 11 in proposed
     keep = set(range(0, tiny.VOCAB, 2)) | {11}  # drop every odd token but the frequent one
-    sub = LLM(target=t, draft=with_vocab(root, d, "half", keep), trace=True).generate(PROMPTS, SP)
+    sub = LLM(target=t, draft=with_vocab(root, d, "half", keep), trace=True,
+              draft_len_policy="fixed").generate(PROMPTS, SP)
     drafted = {x for o in sub for drafts, _ in o.trace for x in drafts}
     assert drafted <= keep and drafted & keep
     assert any(x % 2 for x in proposed - {11}), "the full head proposed odd tokens the subset now excludes"
     assert [o.token_ids for o in sub] == ar
     assert [o.token_ids for o in full] == ar
-    off = LLM(target=t, draft=with_vocab(root, d, "half", keep), trace=True, draft_vocab=False).generate(PROMPTS, SP)
+    off = LLM(target=t, draft=with_vocab(root, d, "half", keep), trace=True, draft_vocab=False,
+              draft_len_policy="fixed").generate(PROMPTS, SP)
     assert [o.trace for o in off] == [o.trace for o in full]  # draft_vocab=False ignores the file
 
 
