@@ -126,3 +126,24 @@ def test_block_attention_equals_the_dense_masked_form():
     grads_fast = torch.autograd.grad((fast * w).sum(), (q, kc, vc, kb, vb))
     for a, c in zip(grads_fast, grads_dense):
         assert torch.allclose(a, c, atol=1e-12)
+
+
+def test_self_distillation_data_keeps_the_batch_full_and_resumes(tmp_path):
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.builder.training.datagen import generate_data
+    from dflash_trt.builder.training.prompts import make_prompts
+
+    t = tiny.make_target(str(tmp_path / "t"))
+    out = str(tmp_path / "sd.jsonl")
+    generate_data(t, out, 10, seed=1, max_tokens=12, batch=4, log=lambda *_: None)
+    recs = [json.loads(x) for x in open(out)]
+    assert sorted(r["id"] for r in recs) == sorted(p["id"] for p in make_prompts(10, 1))
+    # each record is what the target answers to that prompt alone (greedy, chat template)
+    llm = LLM(target=t, speculative=False)
+    for r in recs[:4]:
+        alone = llm.generate([r["prompt"]], SamplingParams(max_tokens=12), chat=True)[0]
+        assert r["prompt_ids"] == alone.prompt_token_ids and r["output_ids"] == alone.token_ids
+        assert r["finish_reason"] in ("stop", "length")
+    generate_data(t, out, 14, seed=1, max_tokens=12, batch=4, log=lambda *_: None)  # resumes: 4 more
+    ids = [json.loads(x)["id"] for x in open(out)]
+    assert len(ids) == len(set(ids)) == 14
