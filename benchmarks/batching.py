@@ -1,10 +1,13 @@
 """Aggregate and per-user decode tokens/s at several concurrencies, AR vs DFlash, through the batching runtime.
 
     python benchmarks/batching.py [--target DIR --draft DIR] [--concurrency 1,4,16,32] [--max-tokens 64]
+        [--dataset humaneval|mtbench] [--fixed-too]
 
-A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair). The AR
-and the DFlash engine run side by side, one iteration each in turn, and each is timed by its own clock (the sum
-of its iteration times): on a shared, noisy machine both see the same conditions, so their ratio is fair.
+A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair and short
+coding requests decoded to max_tokens; --dataset: that benchmark's prompts, each ending at EOS or max_tokens).
+The AR and the DFlash engine (and with --fixed-too a DFlash engine drafting the full K every step, as
+TensorRT-LLM does) run side by side, one iteration each in turn, each timed by its own clock (the sum of its
+iteration times): on a shared, noisy machine all see the same conditions, so their ratios are fair.
 """
 from __future__ import annotations
 
@@ -22,11 +25,11 @@ PROMPTS = [f"Write a short Python function number {i} that " + t for i, t in enu
 class ClosedLoop:
     """`concurrency` requests in flight on one engine; time advances only while this engine steps."""
 
-    def __init__(self, llm, prompts, concurrency, max_tokens):
+    def __init__(self, llm, prompts, concurrency, max_tokens, ignore_eos=True):
         from dflash_trt import SamplingParams
 
         self.llm, self.eng, self.c = llm, llm.engine, concurrency
-        self.sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        self.sp = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos)
         self.todo, self.live, self.done = list(prompts), [], []
         self.clock, self.first, self.last = 0.0, {}, {}
 
@@ -66,6 +69,8 @@ def main():
     ap.add_argument("--num-requests", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policy", default="adaptive", help="DFlash draft-length policy: adaptive or fixed")
+    ap.add_argument("--fixed-too", action="store_true", help="also run DFlash with the fixed full draft length")
+    ap.add_argument("--dataset", default=None, help="humaneval or mtbench prompts (chat template, stop at EOS)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from dflash_trt import LLM
@@ -75,28 +80,42 @@ def main():
         args.target, args.draft = embedded_paths()
     conc = [int(c) for c in args.concurrency.split(",")]
     prompts = PROMPTS[:args.num_requests]
-    ar_llm = LLM(target=args.target, speculative=False, max_batch_size=max(conc))
-    sd_llm = LLM(target=args.target, draft=args.draft, speculative=True, max_batch_size=max(conc),
-                 draft_len_policy=args.policy)
-    c = sd_llm.engine.policy.costs
-    print(f"DFlash step costs measured at start (units of a one-row target pass): verify row {c.row:.3f}, "
-          f"drafter pass {c.draft:.3f} + {c.draft_row:.3f} per request")
-    print(f"{'conc':>4s} {'AR agg':>8s} {'DFlash agg':>10s} {'ratio':>6s} {'AR user':>8s} {'DF user':>8s} "
-          f"{'tau':>5s}  (tok/s; each engine on its own clock)")
-    ratios, ar_agg = {}, {}
-    for c in conc:
-        ps = prompts[:max(c, min(len(prompts), 2 * c))]
-        ar, sd = ClosedLoop(ar_llm, ps, c, args.max_tokens), ClosedLoop(sd_llm, ps, c, args.max_tokens)
-        while ar.busy or sd.busy:
-            for run in (ar, sd):
-                if run.busy:
-                    run.step()
-        (a, au, _), (d, du, tau) = ar.figures(), sd.figures()
-        ratios[c], ar_agg[c] = d / a, a
-        print(f"{c:4d} {a:8.1f} {d:10.1f} {d / a:5.2f}x {au:8.1f} {du:8.1f} {tau:5.2f}", flush=True)
-    print(f"DFlash/AR aggregate: {', '.join(f'c={c} {r:.2f}x' for c, r in ratios.items())}")
+    if args.dataset:
+        from dflash_trt.bench.datasets import load_dataset, select
+        reqs, _ = select(load_dataset(args.dataset).requests, args.num_requests)
+        prompts = [r.prompt for r in reqs]
+    engines = {"AR": LLM(target=args.target, speculative=False, max_batch_size=max(conc)),
+               "DFlash": LLM(target=args.target, draft=args.draft, speculative=True, max_batch_size=max(conc),
+                             draft_len_policy=args.policy)}
+    if args.fixed_too:
+        engines["fixed K"] = LLM(target=args.target, draft=args.draft, speculative=True, max_batch_size=max(conc),
+                                 draft_len_policy="fixed")
+    c = engines["DFlash"].engine.policy.costs
+    print(f"DFlash ({args.policy}) step costs measured at start (units of a one-row target pass): verify row "
+          f"{c.row:.3f}, drafter pass {c.draft:.3f} + {c.draft_row:.3f} per request")
+    names = list(engines)
+    print(f"{'conc':>4s} " + " ".join(f"{n + ' agg':>13s}" for n in names) + " " +
+          " ".join(f"{n + '/AR':>11s}" for n in names[1:]) + " " + " ".join(f"{n + ' tau':>11s}" for n in names[1:])
+          + " " + " ".join(f"{n + ' user':>12s}" for n in names) + "  (tok/s; each engine on its own clock)")
+    ratios, ar_agg = {n: {} for n in names}, {}
+    for cc in conc:
+        ps = prompts[:max(cc, min(len(prompts), 2 * cc))]
+        loops = {n: ClosedLoop(llm, ps, cc, args.max_tokens, ignore_eos=not args.dataset) for n, llm in engines.items()}
+        while any(lp.busy for lp in loops.values()):
+            for lp in loops.values():
+                if lp.busy:
+                    lp.step()
+        fig = {n: lp.figures() for n, lp in loops.items()}
+        ar_agg[cc] = fig["AR"][0]
+        for n in names:
+            ratios[n][cc] = fig[n][0] / fig["AR"][0]
+        print(f"{cc:4d} " + " ".join(f"{fig[n][0]:13.1f}" for n in names) + " "
+              + " ".join(f"{ratios[n][cc]:10.2f}x" for n in names[1:]) + " "
+              + " ".join(f"{fig[n][2]:11.2f}" for n in names[1:]) + " "
+              + " ".join(f"{fig[n][1]:12.1f}" for n in names), flush=True)
+    for n in names[1:]:
+        print(f"{n}/AR aggregate: {', '.join(f'c={cc} {r:.2f}x' for cc, r in ratios[n].items())}")
     print(f"AR scaling: concurrency {max(conc)} vs {min(conc)} = {ar_agg[max(conc)] / ar_agg[min(conc)]:.2f}x")
-
 
 if __name__ == "__main__":
     main()

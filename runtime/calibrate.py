@@ -6,40 +6,55 @@ with the device, the thread count and the model size (on this 2-core CPU `row` i
 and 0.055 at two), so constants measured once elsewhere send requests to the wrong K. Real engine steps and
 drafter passes on scratch requests, the fastest of a few tries each (the others met a busy machine), give them:
 
-    1 request decoding (1 row): F + r         8 requests decoding (8 rows): F + 8r
-    drafter pass for 1 request: D + d         drafter pass for 8 requests:  D + 8d
+    1 request decoding (1 row): F + r         16 requests decoding (16 rows): F + 16r
+    drafter pass for 1 request: D + d         drafter pass for 16 requests:  D + 16d
+    (a drafter pass here includes writing the K+1 context rows the request's last step committed)
 """
 from __future__ import annotations
 
 import time
+
+import torch
 
 from .sampling import SamplingParams
 from .scheduler import Scheduled
 from .sequence import Sequence
 
 CONTEXT = 48  # cached positions of each scratch request (attention cost of a short chat turn)
-N = 8  # requests of the wide measurements
+N = 16  # requests of the wide measurements (more rows: a difference well above the noise)
 
 
-def _fastest(fn, seqs: list[Sequence], tries: int) -> float:
-    best = float("inf")
-    for _ in range(tries + 1):  # the first run warms up
-        for s in seqs:
-            s.num_computed = CONTEXT
-        t0 = time.perf_counter()
-        fn(seqs)
-        best = min(best, time.perf_counter() - t0)
+def _fastest(runs: dict, tries: int) -> dict:
+    """The fastest of `tries` timings of each run (after one warm-up round). The runs take turns, so a busy spell
+    of the machine slows one try of each rather than every try of one, and cannot skew their differences."""
+    best = {name: float("inf") for name in runs}
+    for i in range(tries + 1):
+        for name, (fn, seqs) in runs.items():
+            for s in seqs:
+                s.num_computed = CONTEXT
+            t0 = time.perf_counter()
+            fn(seqs)
+            if i:
+                best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
 
-def measure_step_costs(runner, blocks, token_id: int, k: int = 3, tries: int = 3) -> dict | None:
+def measure_step_costs(runner, blocks, token_id: int, k: int = 3, tries: int = 4) -> dict | None:
     """Returns {"row", "draft", "draft_row"} in units of a one-row target pass, or None without cache room."""
     seqs: list[Sequence] = []
 
     def decode(group):
         runner.execute([Scheduled(s, 1, 0, False) for s in group])
 
-    def draft(group):
+    def draft(group):  # what a drafting request adds to a step: its last K+1 rows' context, then the drafter
+        for s in group:
+            pos = torch.arange(CONTEXT - k - 1, CONTEXT)
+            table = torch.tensor(s.block_table)
+            slots = table[pos // blocks.block_size] * blocks.block_size + pos % blocks.block_size
+            feats = torch.zeros(k + 1, runner.drafter.fc.weight.shape[1], dtype=runner.drafter.fc.weight.dtype)
+            s.ctx_pending, s.ctx_pending_rows = [(feats.to(runner.device), pos.to(runner.device),
+                                                  slots.to(runner.device))], k + 1
+        runner.write_context(group)
         runner.draft([Scheduled(s, k + 1, k, False) for s in group])
 
     try:
@@ -50,8 +65,9 @@ def measure_step_costs(runner, blocks, token_id: int, k: int = 3, tries: int = 3
                 return None
             blocks.grow(s, CONTEXT + k + 1)
             seqs.append(s)
-        one, wide = _fastest(decode, seqs[:1], tries), _fastest(decode, seqs, tries)
-        d_one, d_wide = _fastest(draft, seqs[:1], tries), _fastest(draft, seqs, tries)
+        t = _fastest({"one": (decode, seqs[:1]), "wide": (decode, seqs), "d_one": (draft, seqs[:1]),
+                      "d_wide": (draft, seqs)}, tries)
+        one, wide, d_one, d_wide = t["one"], t["wide"], t["d_one"], t["d_wide"]
     finally:
         for s in seqs:
             blocks.release(s)

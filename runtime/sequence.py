@@ -27,6 +27,9 @@ class Sequence:
     num_computed: int = 0  # target KV and drafter context hold positions 0..num_computed-1
     block_table: list[int] = field(default_factory=list)
     window_table: list[int] = field(default_factory=list)  # sliding-window layers' pool (kv_cache.py), if any
+    # committed rows whose drafter context is not written yet: (features, positions, slots) (model_runner.py)
+    ctx_pending: list = field(default_factory=list, repr=False)
+    ctx_pending_rows: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_text_pos: int | None = None  # where a stop string begins in the output text

@@ -64,8 +64,11 @@ def test_policy_probes_after_giving_up_and_fixed_mode_keeps_k():
     while pol.iteration % 4:
         pol.begin_iteration()
     assert pol.choose(e, 7, 1) == 1
-    pol.observe(e, 1, 1)  # a probe that lands: back to the short gap
-    assert e.probe_gap == 4
+    pol.observe(e, 1, 1)  # a probe that lands, but drafting still would not pay: the wait keeps growing
+    assert e.probe_gap == 16 and pol.choose(e, 7, 1) == 0
+    for _ in range(6):
+        e.update(7, 7)  # the text became predictable
+    assert pol.choose(e, 7, 1) > 1 and e.probe_gap == 0 and e.idle == 0  # drafting again, short waits next time
     assert DraftLengthPolicy("fixed", CPU).choose(e, 7, 1) == 7
     from dflash_trt.engine_config import EngineConfig
     with pytest.raises(DFlashError, match="draft_len_policy"):

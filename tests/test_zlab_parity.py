@@ -66,5 +66,6 @@ def test_drafts_and_acceptance_match_reference(tmp_path, block_size, prompt_len)
     captured = {}
     orig = eng.drafter.logits
     eng.drafter.logits = lambda h, w: captured.setdefault("l", orig(h, w))
+    eng.runner.write_context([seq])  # the prompt's drafter context (written lazily, before a draft)
     eng.runner.draft([Scheduled(seq, block_size, block_size - 1, False)])
     assert torch.allclose(captured["l"], ref_logits[0].float(), atol=1e-3, rtol=1e-3)
