@@ -6,6 +6,7 @@
 # Re-running the script resumes where it stopped. The shipped drafter's own history (resumes, schedules, times)
 # is in runtime/assets/smollm2-dflash/README.md.
 #   DATA_PROMPTS=8000 STEPS=2400 THREADS=2 bash examples/train_embedded_drafter.sh
+# (prompts past the first 8000 add HumanEval-shaped code stubs and MT-Bench-like open requests: prompts.py)
 set -euo pipefail
 DATA=${DATA:-/work/data/smollm2_sd.jsonl}
 OUT=${OUT:-/work/data/smollm2_dflash_run}

@@ -147,3 +147,18 @@ def test_self_distillation_data_keeps_the_batch_full_and_resumes(tmp_path):
     generate_data(t, out, 14, seed=1, max_tokens=12, batch=4, log=lambda *_: None)  # resumes: 4 more
     ids = [json.loads(x)["id"] for x in open(out)]
     assert len(ids) == len(set(ids)) == 14
+
+
+def test_prompts_past_the_first_8000_add_code_stubs_and_open_requests_without_changing_the_first():
+    from dflash_trt.builder.training.prompts import V1, make_prompts
+    first, more = make_prompts(V1, 0), make_prompts(V1 + 400, 0)
+    assert more[:V1] == first  # the shipped drafter's data regenerates exactly
+    later = more[V1:]
+    assert [p["id"] for p in later] == list(range(V1, V1 + 400))
+    kinds = {p["kind"] for p in later}
+    assert {"code-stub", "open"} <= kinds
+    assert len({p["prompt"] for p in more}) == len(more)  # no duplicate prompt
+    for p in later:
+        if p["kind"] == "code-stub":  # a Python function to complete: signature and docstring, no body
+            assert p["prompt"].startswith("def ")
+            compile(p["prompt"] + "    pass\n", "<stub>", "exec")

@@ -1,7 +1,10 @@
 """Training prompts that are NOT from any evaluation set: derived from the Python standard library's own
 signatures and docstrings (coding, explanations) plus templated maths and everyday requests.
 
-Deterministic for a seed, so the data set can be regenerated exactly.
+Deterministic for a seed, so the data set can be regenerated exactly. The first V1 = 8,000 prompts are the
+original mix (the shipped drafter's data); prompts past them add two kinds its acceptance lacked: bare code stubs
+to complete (a stdlib signature and docstring as a Python function, the shape of HumanEval's prompts) and
+open-ended requests (role-play, extraction, reasoning, the kinds MT-Bench asks), with the original mix between.
 """
 from __future__ import annotations
 
@@ -106,11 +109,64 @@ def _maths(rng: random.Random) -> str:
     return rng.choice(forms)
 
 
+V1 = 8000
+
+ROLES = ["a travel guide", "a chess coach", "a detective", "a nutritionist", "a history teacher", "a startup founder",
+         "a park ranger", "a librarian", "a pirate captain", "a museum curator"]
+OPEN = ["Pretend you are {role}. Introduce yourself and answer: what is the most common mistake people make?",
+        "As {role}, write a short letter to a newcomer with three pieces of advice.",
+        "Extract every number and what it refers to from this text: \"{fact}\" Answer as a JSON list.",
+        "Read this sentence and list the people, places and dates it mentions: \"{fact}\"",
+        "Compare {topic} and {topic2}: give two similarities and two differences.",
+        "A friend claims that {topic} is overrated. Write a respectful counter-argument in one paragraph.",
+        "Explain {topic} in exactly three sentences, then give one follow-up question a student might ask.",
+        "Rewrite this in a formal tone: \"hey, {topic} is kinda cool, you should check it out sometime\"",
+        "Think step by step: if {a} people each shake hands with everyone else once, how many handshakes are there?",
+        "Write a dialogue of six lines between {role} and a customer about {topic}."]
+FACTS = ["In 1969, 3 astronauts flew to the Moon aboard Apollo 11, and 2 of them walked on its surface.",
+         "The bakery on Main Street sold 240 loaves on Monday and 315 on Tuesday, at 3 dollars each.",
+         "Marie Curie won the Nobel Prize in Physics in 1903 and in Chemistry in 1911, in Paris.",
+         "The marathon in Berlin had 45000 runners; the winner finished in 2 hours and 1 minute.",
+         "Our team of 12 engineers shipped 4 releases in 2023 and cut latency by 35 percent."]
+
+
+def _stub(name: str, sig: str, summary: str) -> str | None:
+    """A stdlib signature and docstring as a function to complete, or None when the signature is not Python."""
+    text = f'def {name}{sig}:\n    """{summary}\n    """\n'
+    try:
+        compile(text + "    pass\n", "<stub>", "exec")
+    except SyntaxError:
+        return None
+    return text
+
+
+def _later(rng: random.Random, items) -> tuple[str, str] | None:
+    r = rng.random()
+    if r < 0.4 and items:
+        m, name, sig, summary = rng.choice(items)
+        text = _stub(name, sig, summary)
+        return (text, "code-stub") if text else None
+    if r < 0.7:
+        t1, t2 = rng.sample(TOPICS, 2)
+        return rng.choice(OPEN).format(role=rng.choice(ROLES), fact=rng.choice(FACTS), topic=t1, topic2=t2,
+                                       a=rng.randint(3, 30)), "open"
+    return None  # the original mix
+
+
 def make_prompts(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     items = _stdlib_items()
     out, seen = [], set()
+    later = random.Random(seed + 1)  # past V1 only: the first V1 prompts never change
     while len(out) < n:
+        if len(out) >= V1:
+            got = _later(later, items)
+            if got is not None:
+                text, kind = got
+                if text not in seen:
+                    seen.add(text)
+                    out.append({"id": len(out), "kind": kind, "prompt": text})
+                continue
         r = rng.random()
         if r < 0.35 and items:
             m, name, sig, summary = rng.choice(items)
