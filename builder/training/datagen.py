@@ -62,10 +62,10 @@ def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, m
                 rec = dict(p, prompt_ids=list(seq.prompt_ids), output_ids=list(seq.output_ids),
                            finish_reason=seq.finish_reason)
                 f.write(json.dumps(rec) + "\n")
+                f.flush()  # a kill loses at most the requests in flight, never finished ones
                 tokens += seq.num_output
                 done += 1
                 eng.release(seq)
                 if done % batch == 0:
-                    f.flush()
                     log(f"{done}/{num_prompts} prompts, {tokens} new tokens, "
                         f"{tokens / (time.time() - t0):.0f} tokens/s")
