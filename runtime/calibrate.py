@@ -52,8 +52,7 @@ def measure_step_costs(runner, blocks, token_id: int, k: int = 3, tries: int = 4
             table = torch.tensor(s.block_table)
             slots = table[pos // blocks.block_size] * blocks.block_size + pos % blocks.block_size
             feats = torch.zeros(k + 1, runner.drafter.fc.weight.shape[1], dtype=runner.drafter.fc.weight.dtype)
-            s.ctx_pending, s.ctx_pending_rows = [(feats.to(runner.device), pos.to(runner.device),
-                                                  slots.to(runner.device))], k + 1
+            s.ctx_pending = [(feats.to(runner.device), pos.to(runner.device), slots.to(runner.device))]
         runner.write_context(group)
         runner.draft([Scheduled(s, k + 1, k, False) for s in group])
 

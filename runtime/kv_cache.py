@@ -102,6 +102,7 @@ class CacheBlocks:
             self.window.trim(seq.window_table, seq.num_computed)
 
     def release(self, seq) -> None:
+        seq.ctx_pending = []  # drafter context waiting for these blocks (model_runner.py) goes with them
         self.main.release(seq.block_table)
         if self.window is not None:
             self.window.release(seq.window_table)

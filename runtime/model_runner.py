@@ -132,11 +132,9 @@ class ModelRunner:
                 committed_rows = len(toks)
                 results[s.seq_id] = StepResult(toks, dr if w.draft_len else None, len(toks) - 1)
             s.num_computed += committed_rows
-            if capture:
-                idx = torch.arange(row, row + committed_rows, device=self.device)
-                s.ctx_pending.append((feats.index_select(0, idx), pos_t.index_select(0, idx),
-                                      batch.slot_mapping.index_select(0, idx)))
-                s.ctx_pending_rows += committed_rows
+            if capture:  # committed rows are contiguous: slices (features copied, not the step's whole buffer kept)
+                end = row + committed_rows
+                s.ctx_pending.append((feats[row:end].clone(), pos_t[row:end], batch.slot_mapping[row:end]))
             row += n
         if capture:
             self.write_context([w.seq for w in work if w.seq.ctx_pending_rows >= self.CONTEXT_BATCH])
@@ -155,7 +153,7 @@ class ModelRunner:
         self.drafter.write_context(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
                                    torch.cat([p[2] for p in parts]), self.draft_caches)
         for s in seqs:
-            s.ctx_pending, s.ctx_pending_rows = [], 0
+            s.ctx_pending = []
 
     def _tp_choices(self, local_logits, params, pos) -> list[int]:
         """Greedy rows: distributed argmax (no logits gathered); sampled rows: their full logits gathered."""

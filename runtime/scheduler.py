@@ -40,7 +40,6 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         seq.status = Status.FINISHED
-        seq.ctx_pending, seq.ctx_pending_rows = [], 0
         self.blocks.release(seq)
         if seq in self.running:
             self.running.remove(seq)
@@ -51,7 +50,6 @@ class Scheduler:
         self.running.remove(victim)
         self.blocks.release(victim)
         victim.num_computed = 0
-        victim.ctx_pending, victim.ctx_pending_rows = [], 0  # its blocks are gone: so is that context
         victim.status = Status.WAITING
         victim.num_preemptions += 1
         self.num_preemptions += 1

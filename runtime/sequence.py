@@ -29,7 +29,6 @@ class Sequence:
     window_table: list[int] = field(default_factory=list)  # sliding-window layers' pool (kv_cache.py), if any
     # committed rows whose drafter context is not written yet: (features, positions, slots) (model_runner.py)
     ctx_pending: list = field(default_factory=list, repr=False)
-    ctx_pending_rows: int = 0
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_text_pos: int | None = None  # where a stop string begins in the output text
@@ -71,6 +70,10 @@ class Sequence:
     @property
     def in_prefill(self) -> bool:
         return self.num_computed < self.prefill_target
+
+    @property
+    def ctx_pending_rows(self) -> int:
+        return sum(p[0].shape[0] for p in self.ctx_pending)
 
     @property
     def is_finished(self) -> bool:

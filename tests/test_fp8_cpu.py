@@ -49,12 +49,23 @@ def test_fp8_scale_is_required():
         torch.ops.dflash_trt.bi_linear(torch.randn(1, 16), p8.data, 32, None, 1, None)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("modelopt") is None, reason="needs nvidia-modelopt")
-def test_fp8_engine_keeps_fp8_weights_and_decodes_the_same_tokens(tmp_path):
-    t, d = tiny.accepting_pair(str(tmp_path))
-    engine = str(tmp_path / "fp8")
+NEEDS_MODELOPT = pytest.mark.skipif(importlib.util.find_spec("modelopt") is None, reason="needs nvidia-modelopt")
+
+
+@pytest.fixture(scope="module")
+def fp8_engine(tmp_path_factory):
+    """A tiny accepting pair built by dflash-build --quantization fp8 (ModelOpt): the engine directory."""
+    root = tmp_path_factory.mktemp("fp8")
+    t, d = tiny.accepting_pair(str(root))
+    engine = str(root / "fp8")
     assert build_main(["--target", t, "--draft", d, "--quantization", "fp8", "--calib-samples", "4",
                        "--output", engine, "--quiet"]) == 0
+    return engine
+
+
+@NEEDS_MODELOPT
+def test_fp8_engine_keeps_fp8_weights_and_decodes_the_same_tokens(fp8_engine):
+    engine = fp8_engine
     kept = LLM(engine, draft_len_policy="fixed")
     deq = LLM(engine, draft_len_policy="fixed", fp8_weights=False)
     layers = tiny_layers = kept.engine.target_config.num_hidden_layers
@@ -108,12 +119,9 @@ def test_native_fp8_gemm_quantises_activations_per_row_or_statically():
     assert ops.fp8_linear(torch.randn(2, 3, k), w, torch.tensor(1.0), None).shape == (2, 3, n)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("modelopt") is None, reason="needs nvidia-modelopt")
-def test_fp8_engine_with_native_fp8_gemms_is_lossless_and_close_to_the_dequantised_target(tmp_path):
-    t, d = tiny.accepting_pair(str(tmp_path))
-    engine = str(tmp_path / "fp8")
-    assert build_main(["--target", t, "--draft", d, "--quantization", "fp8", "--calib-samples", "4",
-                       "--output", engine, "--quiet"]) == 0
+@NEEDS_MODELOPT
+def test_fp8_engine_with_native_fp8_gemms_is_lossless_and_close_to_the_dequantised_target(fp8_engine):
+    engine = fp8_engine
     native = LLM(engine, draft_len_policy="fixed", fp8_compute=True)
     layers = native.engine.target_config.num_hidden_layers
     assert native.engine.fp8_native and native.engine.fp8_linears == 7 * layers
