@@ -5,6 +5,7 @@ environment; a JIT build uses the torch already installed and is cached, so it c
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import threading
@@ -39,8 +40,16 @@ def load_extension(name: str, sources: list[str], extra_cflags: list[str] | None
 
         paths = [s if os.path.isabs(s) else os.path.join(CSRC, s) for s in sources]
         flags = ["-O3", "-fopenmp", "-ffp-contract=off"] + (extra_cflags or [])
-        mod = load(name=name, sources=paths, extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                   build_directory=build_dir(name, paths), is_python_module=False, with_cuda=with_cuda,
-                   verbose=False)
+        d = build_dir(name, paths)
+        # torch's own build lock is a plain file (FileBaton) that a build killed mid-way leaves behind, and every
+        # later load then waits on it forever. An flock dies with its process, so holding one means no live
+        # build owns that file and it can go.
+        with open(os.path.join(d, "build.flock"), "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            stale = os.path.join(d, "lock")
+            if os.path.exists(stale):
+                os.remove(stale)
+            mod = load(name=name, sources=paths, extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                       build_directory=d, is_python_module=False, with_cuda=with_cuda, verbose=False)
         _loaded[name] = mod
         return mod
