@@ -160,5 +160,6 @@ def test_prompts_past_the_first_8000_add_code_stubs_and_open_requests_without_ch
     assert len({p["prompt"] for p in more}) == len(more)  # no duplicate prompt
     for p in later:
         if p["kind"] == "code-stub":  # a Python function to complete: signature and docstring, no body
-            assert p["prompt"].startswith("def ")
-            compile(p["prompt"] + "    pass\n", "<stub>", "exec")
+            stub = p["prompt"].split("```python\n")[-1].split("```")[0]
+            assert stub.startswith("def ")
+            compile(stub + "    pass\n", "<stub>", "exec")

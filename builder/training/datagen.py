@@ -26,13 +26,17 @@ def done_ids(path: str) -> set[int]:
 
 
 def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, max_tokens: int = 256,
-                  batch: int = 32, log=print) -> None:
+                  batch: int = 32, newest_first: bool = False, log=print) -> None:
+    """newest_first: highest prompt ids first, so that after raising num_prompts the prompt kinds that only
+    exist past the first 8,000 arrive before the older mix."""
     from ...llm import LLM
     from ...sampling import SamplingParams
 
     prompts = make_prompts(num_prompts, seed)
     have = done_ids(out_path)
     todo = [p for p in prompts if p["id"] not in have]
+    if newest_first:
+        todo.reverse()
     log(f"{len(have)} records present, {len(todo)} to generate -> {out_path}")
     if not todo:
         return

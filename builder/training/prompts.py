@@ -140,12 +140,20 @@ def _stub(name: str, sig: str, summary: str) -> str | None:
     return text
 
 
+# how a benchmark or a user hands over a function to complete (the first is the z-lab HumanEval instruction)
+STUB_TEMPLATES = ["Write a solution to the following problem and make sure that it passes the tests:\n"
+                  "```python\n{stub}\n```",
+                  "Complete the following Python function:\n```python\n{stub}```",
+                  "Finish this function; keep its signature and docstring:\n```python\n{stub}```",
+                  "{stub}"]
+
+
 def _later(rng: random.Random, items) -> tuple[str, str] | None:
     r = rng.random()
     if r < 0.4 and items:
         m, name, sig, summary = rng.choice(items)
         text = _stub(name, sig, summary)
-        return (text, "code-stub") if text else None
+        return (rng.choice(STUB_TEMPLATES).format(stub=text), "code-stub") if text else None
     if r < 0.7:
         t1, t2 = rng.sample(TOPICS, 2)
         return rng.choice(OPEN).format(role=rng.choice(ROLES), fact=rng.choice(FACTS), topic=t1, topic2=t2,
