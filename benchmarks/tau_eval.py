@@ -51,6 +51,8 @@ def main() -> int:
     ap.add_argument("--num", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=None, help="draft length (default: block size - 1)")
+    ap.add_argument("--respect-eos", action="store_true",
+                    help="score each answer only up to its first EOS, as the z-lab benchmark stops there")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -66,10 +68,16 @@ def main() -> int:
     target = args.target or ensure_target()
     tcfg = TargetConfig.from_dir(target)
     recs = target_answers(target, args.dataset, args.num, args.max_tokens)
+    if args.respect_eos:
+        eos = set(tcfg.eos_token_ids)  # what the engine stops on
+        cut = lambda o: next((i + 1 for i, t in enumerate(o) if t in eos), len(o))  # noqa: E731
+        recs = [dict(r, output_ids=r["output_ids"][:cut(r["output_ids"])]) for r in recs]
     tmodel, _ = load_models(ModelPaths(target, None), tcfg, None, torch.float32, "cpu")
     embed_w, head_w = tmodel.model.embed_tokens.weight.detach(), tmodel.head_weight.detach()
     feats: dict[tuple, list[dict]] = {}
-    print(f"| drafter | {args.dataset} tau (teacher-forced, {len(recs)} prompts x {args.max_tokens} tokens) | loss |")
+    n_tok = sum(len(r["output_ids"]) for r in recs)
+    print(f"| drafter | {args.dataset} tau (teacher-forced, {len(recs)} prompts, {n_tok} answer tokens"
+          f"{', to EOS' if args.respect_eos else ''}) | loss |")
     print("|---|---|---|")
     for d in args.drafters:
         dcfg = DraftConfig.from_dir(d, num_target_layers=tcfg.num_hidden_layers)

@@ -149,6 +149,28 @@ def test_self_distillation_data_keeps_the_batch_full_and_resumes(tmp_path):
     assert len(ids) == len(set(ids)) == 14
 
 
+def test_magpie_requests_are_the_targets_own_distinct_reproducible_and_resume(tmp_path):
+    from dflash_trt.builder.training.datagen import generate_data
+    from dflash_trt.builder.training.magpie import ID_BASE, magpie_prompts
+    from dflash_trt.embedded import ensure_target
+
+    t = ensure_target()
+    a, b = str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")
+    first = magpie_prompts(t, 3, a, batch=4, max_tokens=48, log=lambda *_: None)
+    assert [r["id"] for r in first] == [ID_BASE + i for i in range(3)]
+    assert len({r["prompt"] for r in first}) == 3
+    assert all(r["prompt"] and "<|im_" not in r["prompt"] for r in first)  # the request alone, not the template
+    resumed = magpie_prompts(t, 5, a, batch=4, max_tokens=48, log=lambda *_: None)
+    assert resumed[:3] == first
+    assert resumed == magpie_prompts(t, 5, b, batch=4, max_tokens=48, log=lambda *_: None)  # seeds, not batches
+    # answered like any prompt, before the templated ones
+    out = str(tmp_path / "sd.jsonl")
+    generate_data(t, out, 0, max_tokens=6, batch=4, magpie=2, log=lambda *_: None)
+    recs = [json.loads(x) for x in open(out)]
+    assert sorted((r["id"], r["prompt"]) for r in recs) == [(r["id"], r["prompt"]) for r in first[:2]]
+    assert all(0 < len(r["output_ids"]) <= 6 for r in recs)
+
+
 def test_prompts_past_the_first_8000_add_code_stubs_and_open_requests_without_changing_the_first():
     from dflash_trt.builder.training.prompts import V1, make_prompts
     first, more = make_prompts(V1, 0), make_prompts(V1 + 400, 0)

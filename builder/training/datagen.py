@@ -26,9 +26,10 @@ def done_ids(path: str) -> set[int]:
 
 
 def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, max_tokens: int = 256,
-                  batch: int = 32, newest_first: bool = False, log=print) -> None:
+                  batch: int = 32, newest_first: bool = False, magpie: int = 0, log=print) -> None:
     """newest_first: highest prompt ids first, so that after raising num_prompts the prompt kinds that only
-    exist past the first 8,000 arrive before the older mix."""
+    exist past the first 8,000 arrive before the older mix. magpie: also answer that many requests the target
+    writes itself (magpie.py; cached beside out_path), before the templated prompts."""
     from ...llm import LLM
     from ...sampling import SamplingParams
 
@@ -37,6 +38,10 @@ def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, m
     todo = [p for p in prompts if p["id"] not in have]
     if newest_first:
         todo.reverse()
+    if magpie:
+        from .magpie import magpie_prompts
+        asks = magpie_prompts(target, magpie, out_path + ".magpie.jsonl", seed, batch, log=log)
+        todo = [p for p in asks if p["id"] not in have] + todo
     log(f"{len(have)} records present, {len(todo)} to generate -> {out_path}")
     if not todo:
         return
