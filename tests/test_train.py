@@ -85,6 +85,39 @@ def test_resume_continues_from_checkpoint(tmp_path):
     assert st["step"] == 20
 
 
+def test_sigterm_saves_and_resume_continues(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from dflash_trt import LLM, SamplingParams
+
+    t = tiny.make_target(str(tmp_path / "t"), layers=2, hidden=32, heads=2, kv_heads=1)
+    outs = LLM(target=t, speculative=False).generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=20, ignore_eos=True))
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "prompt_ids": p, "output_ids": o.token_ids}) + "\n"
+                            for i, (p, o) in enumerate(zip([[5, 6, 7], [8, 9]], outs))))
+    run = tmp_path / "r"
+    args = ["--target", t, "--output", str(run), "--data", str(data), "--block-size", "4", "--num-layers", "1",
+            "--mask-token-id", "3", "--eval-records", "1", "--threads", "1"]
+    cmd = [sys.executable, "-m", "dflash_trt.builder.train_cli"] + args + ["--max-steps", "1000000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # a line per 10 steps once training runs
+        if " step 20 " in f" {line}":
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, rest
+    assert "stopped by a signal" in rest
+    st = torch.load(run / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert 20 <= st["step"] < 1000000
+    assert (run / "drafter" / "model.safetensors").is_file()
+    from dflash_trt.builder.train_cli import main
+    assert main(args + ["--max-steps", str(st["step"] + 5), "--resume"]) == 0
+    assert torch.load(run / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == st["step"] + 5
+
+
 def test_subset_head_loss_is_the_loss_over_those_rows():
     from dflash_trt.builder.training.trainer import block_loss, label_vocab, to_subset
     g = torch.Generator().manual_seed(0)

@@ -15,6 +15,8 @@ import json
 import math
 import os
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -258,7 +260,6 @@ class Trainer:
     def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None) -> None:
         cfg = self.cfg
         k = max_draft_len or self.d.cfg.block_size - 1
-        t_last, rows_acc = time.time(), 0
         budget = cfg.time_budget_min * 60 if cfg.time_budget_min else None
         session_end = time.time() + cfg.session_min * 60 if cfg.session_min else None
 
@@ -270,7 +271,25 @@ class Trainer:
 
         if eval_seqs and not self.history:
             record(None)
-        while (self.step < cfg.max_steps and (budget is None or self.elapsed < budget)
+        stop = []  # SIGTERM or Ctrl-C: finish the step, save, return (a background run loses nothing)
+        restore = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                restore[sig] = signal.signal(sig, lambda *_: stop.append(1))
+        try:
+            self._loop(cfg, record, eval_seqs, export, budget, session_end, stop)
+        finally:
+            for sig, h in restore.items():
+                signal.signal(sig, h)
+        if stop:
+            self.log(f"stopped by a signal at step {self.step}; --resume continues")
+        self.save(export)
+        with open(os.path.join(self.out, "history.json"), "w") as f:
+            json.dump(self.history, f, indent=1)
+
+    def _loop(self, cfg, record, eval_seqs, export, budget, session_end, stop) -> None:
+        t_last, rows_acc = time.time(), 0
+        while (not stop and self.step < cfg.max_steps and (budget is None or self.elapsed < budget)
                and (session_end is None or time.time() < session_end)):
             t0 = time.time()
             loss, rows = self.train_step()
@@ -285,6 +304,3 @@ class Trainer:
                 record(loss)
             if self.step % cfg.save_every == 0:
                 self.save(export)
-        self.save(export)
-        with open(os.path.join(self.out, "history.json"), "w") as f:
-            json.dump(self.history, f, indent=1)
