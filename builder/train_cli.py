@@ -125,11 +125,9 @@ def main(argv=None) -> int:
     if n_eval < 1:
         raise DFlashError(f"{data} holds {len(records)} usable records: need at least 2")
     shard = 64
-    complete = data_complete(data, len(records))
-    if not complete:  # data still growing: only full shards, so a later resume adds shards without redoing any
-        records = records[:max(len(records) // shard * shard, n_eval + 1)]
+    # data still growing: only full shards, so a later resume adds shards without redoing any
     shards = build_feature_shards(target_dir, records, dcfg.target_layer_ids, os.path.join(out, "features"),
-                                  seqs_per_shard=shard, log=log)
+                                  seqs_per_shard=shard, full_only=not data_complete(data, len(records)), log=log)
     seqs = [s for path in shards for s in load_shard(path)]
     eval_seqs, train_seqs = seqs[:n_eval], seqs[n_eval:]
     log(f"{len(train_seqs)} training sequences, {len(eval_seqs)} held out, "

@@ -118,6 +118,29 @@ def test_sigterm_saves_and_resume_continues(tmp_path):
     assert torch.load(run / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == st["step"] + 5
 
 
+def test_feature_shards_hold_each_record_once_as_data_grows_out_of_id_order(tmp_path):
+    from safetensors.torch import load_file, save_file
+    from dflash_trt.builder.training.features import build_feature_shards, load_shard
+
+    t = tiny.make_target(str(tmp_path / "t"), layers=2, hidden=32, heads=2, kv_heads=1)
+    rec = lambda i: {"id": i, "prompt_ids": [5, 6 + i % 7], "output_ids": [7 + i % 5, 9, 10 + i % 50]}  # noqa: E731
+    out = str(tmp_path / "f")
+    quiet = lambda *_: None  # noqa: E731
+    first = build_feature_shards(t, [rec(i) for i in (0, 1, 2, 3, 10, 11, 12)], [0, 1], out, seqs_per_shard=2,
+                                 full_only=True, log=quiet)
+    assert len(first) == 3  # ids 0-3, 10, 11; 12 waits for a full shard
+    # a shard written before shards recorded their ids: recognised by its tokens
+    legacy = load_file(first[0])
+    del legacy["record_ids"]
+    save_file(legacy, first[0], metadata={"layer_ids": "[0, 1]"})
+    stamps = [os.path.getmtime(p) for p in first]
+    grown = [rec(i) for i in (0, 1, 2, 3, 5, 6, 10, 11, 12, 1000)]  # ids 5, 6 sort before ones already in shards
+    paths = build_feature_shards(t, grown, [0, 1], out, seqs_per_shard=2, full_only=False, log=quiet)
+    assert paths[:3] == first and [os.path.getmtime(p) for p in first] == stamps  # nothing redone
+    held = [tuple(s["ids"].tolist()) for p in paths for s in load_shard(p)]
+    assert sorted(held) == sorted(tuple(r["prompt_ids"] + r["output_ids"]) for r in grown)  # each exactly once
+
+
 def test_subset_head_loss_is_the_loss_over_those_rows():
     from dflash_trt.builder.training.trainer import block_loss, label_vocab, to_subset
     g = torch.Generator().manual_seed(0)
