@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # How the embedded SmolLM2-135M-Instruct drafter is made, on a CPU, resumable at every stage:
 #   1. self-distillation data: the target answers generated prompts (no evaluation set) through our runtime,
-#      greedy, chat template, continuous batching (the shipped drafter used the first 2752 of 8000: 622K tokens)
+#      greedy, chat template, continuous batching: MAGPIE requests the target writes itself first, then the
+#      templated prompts, newest (code stubs, open requests past the first 8000) first
 #   2. dflash-train on the data present (features cached once; a restart picks up new full shards)
 # Re-running the script resumes where it stopped. The shipped drafter's own history (resumes, schedules, times)
 # is in runtime/assets/smollm2-dflash/README.md.
-#   DATA_PROMPTS=8000 STEPS=2400 THREADS=2 bash examples/train_embedded_drafter.sh
-# (prompts past the first 8000 add HumanEval-shaped code stubs and MT-Bench-like open requests: prompts.py)
+#   DATA_PROMPTS=12000 MAGPIE=1500 STEPS=6000 THREADS=2 bash examples/train_embedded_drafter.sh
 set -euo pipefail
 DATA=${DATA:-/work/data/smollm2_sd.jsonl}
 OUT=${OUT:-/work/data/smollm2_dflash_run}
-PROMPTS=${DATA_PROMPTS:-8000}
-STEPS=${STEPS:-2400}
+PROMPTS=${DATA_PROMPTS:-12000}
+MAGPIE=${MAGPIE:-1500}
+STEPS=${STEPS:-6000}
 THREADS=${THREADS:-2}
 mkdir -p "$(dirname "$DATA")"
 if [ "${SKIP_DATA:-0}" != 1 ]; then
@@ -19,7 +20,7 @@ if [ "${SKIP_DATA:-0}" != 1 ]; then
 import torch; torch.set_num_threads($THREADS)
 from dflash_trt.embedded import ensure_target
 from dflash_trt.builder.training.datagen import generate_data
-generate_data(ensure_target(), "$DATA", $PROMPTS, seed=0, batch=48)
+generate_data(ensure_target(), "$DATA", $PROMPTS, seed=0, batch=48, newest_first=True, magpie=$MAGPIE)
 PY
 fi
 export OMP_WAIT_POLICY=PASSIVE  # other jobs on the cores: sleeping, not spinning, OpenMP workers
