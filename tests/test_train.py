@@ -67,15 +67,21 @@ def test_training_learns_and_exports(tmp_path):
     assert [o.token_ids for o in trained] == [o.token_ids[:32] for o in outs[:3]]  # still lossless
 
 
-def test_resume_continues_from_checkpoint(tmp_path):
-    from dflash_trt.builder.train_cli import main
+def _tiny_run_inputs(tmp_path):
+    """A 2-layer tiny target and two records of its own greedy text: the smallest input dflash-train takes."""
     from dflash_trt import LLM, SamplingParams
-
     t = tiny.make_target(str(tmp_path / "t"), layers=2, hidden=32, heads=2, kv_heads=1)
     outs = LLM(target=t, speculative=False).generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=20, ignore_eos=True))
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"id": i, "prompt_ids": p, "output_ids": o.token_ids}) + "\n"
                             for i, (p, o) in enumerate(zip([[5, 6, 7], [8, 9]], outs))))
+    return t, data
+
+
+def test_resume_continues_from_checkpoint(tmp_path):
+    from dflash_trt.builder.train_cli import main
+
+    t, data = _tiny_run_inputs(tmp_path)
     common = ["--target", t, "--output", str(tmp_path / "r"), "--data", str(data), "--block-size", "4",
               "--num-layers", "1", "--mask-token-id", "3", "--eval-records", "1"]
     assert main(common + ["--max-steps", "10"]) == 0
@@ -90,13 +96,8 @@ def test_sigterm_saves_and_resume_continues(tmp_path):
     import subprocess
     import sys
     import time
-    from dflash_trt import LLM, SamplingParams
 
-    t = tiny.make_target(str(tmp_path / "t"), layers=2, hidden=32, heads=2, kv_heads=1)
-    outs = LLM(target=t, speculative=False).generate([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=20, ignore_eos=True))
-    data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "prompt_ids": p, "output_ids": o.token_ids}) + "\n"
-                            for i, (p, o) in enumerate(zip([[5, 6, 7], [8, 9]], outs))))
+    t, data = _tiny_run_inputs(tmp_path)
     run = tmp_path / "r"
     args = ["--target", t, "--output", str(run), "--data", str(data), "--block-size", "4", "--num-layers", "1",
             "--mask-token-id", "3", "--eval-records", "1", "--threads", "1"]
