@@ -206,6 +206,23 @@ def test_self_distillation_data_keeps_the_batch_full_and_resumes(tmp_path):
     assert len(ids) == len(set(ids)) == 14
 
 
+def test_self_distillation_data_skips_prompts_with_no_room_for_an_answer(tmp_path, monkeypatch):
+    from dflash_trt import LLM
+    from dflash_trt.builder.training import datagen
+    from dflash_trt.builder.training.prompts import make_prompts
+
+    t = tiny.make_target(str(tmp_path / "t"))
+    llm = LLM(target=t, speculative=False)
+    lengths = {p["id"]: len(llm.encode(p["prompt"], chat=True)) for p in make_prompts(10, 1)}
+    cut = sorted(lengths.values())[5]  # about half the prompts leave no room for 12 new tokens
+    monkeypatch.setattr(datagen, "MAX_SEQ_LEN", cut + 12)
+    out, said = str(tmp_path / "sd.jsonl"), []
+    datagen.generate_data(t, out, 10, seed=1, max_tokens=12, batch=4, log=said.append)
+    ids = {json.loads(x)["id"] for x in open(out)}
+    assert ids == {i for i, n in lengths.items() if n <= cut}
+    assert any(f"skipped {10 - len(ids)} prompts" in line for line in said)
+
+
 def test_magpie_requests_are_the_targets_own_distinct_reproducible_and_resume(tmp_path):
     from dflash_trt.builder.training.datagen import generate_data
     from dflash_trt.builder.training.magpie import ID_BASE, magpie_prompts

@@ -10,6 +10,8 @@ import time
 
 from .prompts import make_prompts
 
+MAX_SEQ_LEN = 1024  # prompt + answer; longer prompts are skipped (and logged), not truncated
+
 
 def done_ids(path: str) -> set[int]:
     ids = set()
@@ -46,7 +48,7 @@ def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, m
     if not todo:
         return
     llm = LLM(target=target, speculative=False, max_batch_size=batch, max_num_tokens=4096,
-              max_seq_len=1024)
+              max_seq_len=MAX_SEQ_LEN)
     meta_path = out_path + ".meta.json"
     if not os.path.isfile(meta_path):
         with open(meta_path, "w") as f:
@@ -59,12 +61,16 @@ def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, m
     # continuous batching: a finished request's slot is refilled at once and its record written, so the batch
     # stays full (generating fixed groups leaves the batch draining while the longest answer finishes: ~3x slower)
     eng, queue, live = llm.engine, list(todo), []
-    t0, tokens, done = time.time(), 0, len(have)
+    t0, tokens, done, skipped = time.time(), 0, len(have), 0
     with open(out_path, "a") as f:
         while queue or live:
             while queue and len(live) < batch:
                 p = queue.pop(0)
-                live.append((p, llm.add_request(p["prompt"], sp, chat=True)))
+                ids = llm.encode(p["prompt"], chat=True)
+                if len(ids) + max_tokens > MAX_SEQ_LEN:  # a long stdlib docstring: no room for an answer
+                    skipped += 1
+                    continue
+                live.append((p, llm.add_request(ids, sp)))
             eng.step()
             for p, seq in [x for x in live if x[1].is_finished]:
                 live.remove((p, seq))
@@ -78,3 +84,5 @@ def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, m
                 if done % batch == 0:
                     log(f"{done}/{num_prompts} prompts, {tokens} new tokens, "
                         f"{tokens / (time.time() - t0):.0f} tokens/s")
+    if skipped:
+        log(f"skipped {skipped} prompts longer than {MAX_SEQ_LEN - max_tokens} tokens")
