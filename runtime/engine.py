@@ -34,7 +34,8 @@ class StepOutput:
 @dataclass
 class IterationStats:
     batch_size: int
-    num_rows: int
+    num_rows: int  # target rows: prefill chunks + verify rows
+    num_tokens: int  # tokens committed to outputs
     drafted: int
     accepted: int
     seconds: float
@@ -141,6 +142,10 @@ class LLMEngine:
         if len(prompt_ids) >= self.cfg.max_seq_len:
             raise DFlashError(f"prompt has {len(prompt_ids)} tokens, max_seq_len is {self.cfg.max_seq_len}: "
                               "shorten the prompt or raise max_seq_len")
+        if len(prompt_ids) > self.cfg.max_num_tokens and not self.cfg.enable_chunked_prefill:
+            raise DFlashError(f"prompt has {len(prompt_ids)} tokens, more than max_num_tokens "
+                              f"({self.cfg.max_num_tokens}) with chunked prefill off: raise max_num_tokens or "
+                              "enable chunked prefill")
         vocab = self.target_config.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise DFlashError(f"prompt token ids must be in 0..{vocab - 1}")
@@ -219,7 +224,8 @@ class LLMEngine:
             if seq.is_finished:
                 seq.finish_time = now
             outs.append(StepOutput(seq, new, seq.is_finished))
-        self.metrics.record(IterationStats(len(work), sum(w.num_rows for w in work), drafted, accepted, now - t0))
+        self.metrics.record(IterationStats(len(work), sum(w.num_rows for w in work),
+                                           sum(len(o.new_token_ids) for o in outs), drafted, accepted, now - t0))
         return outs
 
     def _maybe_disable_spec(self, seq: Sequence) -> None:

@@ -28,6 +28,7 @@ class RequestOutput:
     trace: list | None = None
     ttft: float | None = None
     latency: float | None = None
+    tpot: float | None = None  # mean seconds per output token after the first
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
 
@@ -125,7 +126,9 @@ class LLM:
             accepted=seq.accepted, tau=seq.tau, acceptance_rate=seq.accepted / seq.drafted if seq.drafted else 0.0,
             trace=seq.trace,
             ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
-            latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time)
+            latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time,
+            tpot=(seq.finish_time - seq.first_token_time) / (seq.num_output - 1)
+            if seq.finish_time is not None and seq.first_token_time is not None and seq.num_output > 1 else None)
 
     def _postprocess(self, outs: list[StepOutput]) -> None:
         for o in outs:

@@ -94,7 +94,9 @@ class Scheduler:
             if admitting and len(self.running) >= self.cfg.max_batch_size:
                 break
             n = seq.prefill_target - seq.num_computed
-            if n > budget and not self.cfg.enable_chunked_prefill:
+            # without chunked prefill a prompt waits for a whole budget; a preempted request's recompute (prompt
+            # and output) may exceed any budget, so it is always chunked
+            if n > budget and not self.cfg.enable_chunked_prefill and not seq.num_preemptions:
                 break
             n = min(n, budget)
             self.blocks.trim(seq)

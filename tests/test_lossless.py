@@ -42,30 +42,6 @@ def test_dflash_equals_ar_every_draft_len(b16_pairs, name):
     assert accepted_any > 0
 
 
-class OracleDrafter:
-    """Proposes the target's own continuation, corrupted at a chosen position each step, so every
-    acceptance length 0..K occurs."""
-
-    def __init__(self, runner, truth: dict[int, list[int]]):
-        self.runner, self.truth, self.step = runner, truth, 0
-        self.seen: set[int] = set()
-
-    def __call__(self, work):
-        out = {}
-        for w in work:
-            s = w.seq
-            n = len(s.token_ids)
-            full = s.prompt_ids + self.truth[s.seq_id]
-            drafts = full[n:n + w.draft_len]
-            drafts += [5] * (w.draft_len - len(drafts))
-            cut = self.step % (w.draft_len + 1)  # accepted length this step, if the truth is long enough
-            if cut < len(drafts):
-                drafts[cut] = (drafts[cut] + 1) % tiny.VOCAB
-            out[s.seq_id] = drafts
-            self.step += 1
-        return out
-
-
 @pytest.mark.parametrize("k", [1, 2, 3, 7, 15])
 def test_every_acceptance_length_is_exercised(b16_pairs, k):
     t, d = b16_pairs["llama"]
@@ -75,7 +51,7 @@ def test_every_acceptance_length_is_exercised(b16_pairs, k):
     llm = LLM(target=t, draft=d, draft_len_policy="fixed", max_draft_len=k, trace=True)
     eng = llm.engine
     seqs = [eng.add_request(p, sp) for p in ps]
-    oracle = OracleDrafter(eng.runner, {s.seq_id: a.token_ids for s, a in zip(seqs, ar)})
+    oracle = tiny.OracleDrafter(eng.runner, {s.seq_id: a.token_ids for s, a in zip(seqs, ar)})
     eng.runner.draft = oracle
     while eng.has_unfinished():
         eng.step()

@@ -163,3 +163,27 @@ def accepting_pair(root: str, block_size: int = 8, **target_kw) -> tuple[str, st
     d = make_drafter(os.path.join(root, "d"), t, block_size=block_size, mask_token_id=mask_proposing(t, 11),
                      residual_scale=0.3)
     return t, d
+
+
+class OracleDrafter:
+    """Proposes the target's own continuation, corrupted at a chosen position each step, so every
+    acceptance length 0..K occurs."""
+
+    def __init__(self, runner, truth: dict[int, list[int]]):
+        self.runner, self.truth, self.step = runner, truth, 0
+        self.seen: set[int] = set()
+
+    def __call__(self, work):
+        out = {}
+        for w in work:
+            s = w.seq
+            n = len(s.token_ids)
+            full = s.prompt_ids + self.truth[s.seq_id]
+            drafts = full[n:n + w.draft_len]
+            drafts += [5] * (w.draft_len - len(drafts))
+            cut = self.step % (w.draft_len + 1)  # accepted length this step, if the truth is long enough
+            if cut < len(drafts):
+                drafts[cut] = (drafts[cut] + 1) % VOCAB
+            out[s.seq_id] = drafts
+            self.step += 1
+        return out
