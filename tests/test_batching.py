@@ -373,3 +373,13 @@ def test_without_chunked_prefill_long_prompts_are_refused_and_recomputes_still_c
     assert max(lengths) > 32
     solo = LLM(target=t, speculative=False)
     assert outputs(seqs) == [solo.generate([p], sp)[0].token_ids for p, sp, _ in reqs]
+
+
+def test_cache_budget_too_small_for_one_sequence_is_a_one_line_error(pair):
+    from dflash_trt.errors import DFlashError
+
+    t, d = pair
+    with pytest.raises(DFlashError, match="fewer than max_seq_len 128: raise kv_cache_bytes or lower max_seq_len"):
+        LLM(target=t, draft=d, page_size=4, max_seq_len=128, kv_cache_bytes=_bytes_for(t, d, pages=16, page=4))
+    llm = LLM(target=t, draft=d, page_size=4, max_seq_len=128, kv_cache_bytes=_bytes_for(t, d, pages=33, page=4))
+    assert llm.engine.blocks.num_blocks == 33  # sized from the budget: max_seq_len plus one page fits
