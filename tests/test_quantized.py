@@ -109,28 +109,89 @@ def test_exports_dequantise_to_hf_names_and_close_logits(engines, fmt, min_cos):
     assert cos.min() > min_cos, cos
 
 
-def test_engine_dirs_load_with_llm(engines, monkeypatch):
-    """dflash_trt.LLM(ENGINE_DIR) on FP8 and NVFP4 engines: speculative output equals the same engine's AR path."""
+@pytest.fixture(scope="module")
+def accepting(tmp_path_factory):
+    """FP8 and NVFP4 engines of an accepting pair: the real drafter's drafts are sometimes accepted (boost 12 keeps
+    that true after NVFP4's error; with the default boost 5 the NVFP4 target accepts none of them)."""
+    from dflash_trt.builder.cli import main
+
+    root = tmp_path_factory.mktemp("accepting")
+    t, d = tiny.accepting_pair(str(root), boost=12.0)
+    out = {}
+    for fmt, flags in (("fp8", ["--kv-cache-dtype", "fp8"]), ("nvfp4", [])):  # k/v scales are read past too
+        out[fmt] = str(root / fmt)
+        assert main(["--target", t, "--draft", d, "--output", out[fmt], "--quantization", fmt, "--calib-samples", "4",
+                     "--quiet", *flags]) == 0
+    return out
+
+
+PROMPTS = [[4, 5, 6], [11, 7, 9, 10], [30] * 12]
+
+
+def _ar(engine):
     import dflash_trt
-    import dflash_trt.loader as loader
 
-    with open(loader.__file__) as f:
-        integrated = "load_quantized_state_dict" in f.read()
-    if not integrated:  # what the two loader.py lines do, until they land
-        orig = loader.load_state_dict
+    sp = dflash_trt.SamplingParams(max_tokens=24, ignore_eos=True)
+    return [o.token_ids for o in dflash_trt.LLM(engine, speculative=False).generate(PROMPTS, sp)]
 
-        def load_state_dict(path, what, strip_prefix=""):
-            if what == "target" and is_quantized(path):
-                return load_quantized_state_dict(path, torch.float32)
-            return orig(path, what, strip_prefix)
 
-        monkeypatch.setattr(loader, "load_state_dict", load_state_dict)
-    _, e = engines
-    sp = dflash_trt.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-    for fmt in ("fp8", "nvfp4"):
-        spec = dflash_trt.LLM(e[fmt]).generate([[5, 6, 7, 8]], sp)[0]
-        ar = dflash_trt.LLM(e[fmt], speculative=False).generate([[5, 6, 7, 8]], sp)[0]
-        assert len(spec.token_ids) == 16 and spec.token_ids == ar.token_ids
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_engine_dirs_are_lossless_with_the_real_drafter(accepting, fmt):
+    """dflash_trt.LLM(ENGINE_DIR): with drafting forced on (fixed K), speculative output equals the same
+    engine's AR path, and some drafts are accepted (the adaptive policy may stop drafting: nothing proven)."""
+    import dflash_trt
+
+    llm = dflash_trt.LLM(accepting[fmt], draft_len_policy="fixed")
+    out = llm.generate(PROMPTS, dflash_trt.SamplingParams(max_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in out] == _ar(accepting[fmt])
+    assert all(len(o.token_ids) == 24 for o in out)
+    assert sum(o.drafted for o in out) > 0 and sum(o.accepted for o in out) > 0
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_engine_dirs_are_lossless_at_every_acceptance_length(accepting, fmt):
+    """The real drafter gets few drafts accepted on a random pair: here drafts are the engine's own AR
+    continuation broken at a rotating position, so every acceptance length 0..K is verified by the quantized
+    target, and the output still equals AR."""
+    import dflash_trt
+
+    ar = dict(zip(map(tuple, PROMPTS), _ar(accepting[fmt])))
+    llm = dflash_trt.LLM(accepting[fmt], draft_len_policy="fixed", trace=True)
+    runner, step = llm.engine.runner, [0]
+
+    def oracle(work):  # the drafter's interface: {seq_id: K draft tokens}
+        out = {}
+        for w in work:
+            s = w.seq
+            truth = s.prompt_ids + ar[tuple(s.prompt_ids)]
+            drafts = (truth[len(s.token_ids):len(s.token_ids) + w.draft_len] + [5] * w.draft_len)[:w.draft_len]
+            cut = step[0] % (w.draft_len + 1)
+            if cut < w.draft_len:
+                drafts[cut] = (drafts[cut] + 1) % tiny.VOCAB
+            step[0] += 1
+            out[s.seq_id] = drafts
+        return out
+
+    runner.draft = oracle
+    out = llm.generate(PROMPTS, dflash_trt.SamplingParams(max_tokens=24, ignore_eos=True))
+    assert [o.token_ids for o in out] == list(ar.values())
+    k = llm.engine.max_draft_len
+    assert {a for o in out for _, a in o.trace} == set(range(k + 1))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_dflash_generate_runs_engine_dirs(accepting, fmt, capsys):
+    """`dflash-generate ENGINE_DIR`: the positional engine directory, text prompt through the target's tokenizer."""
+    import dflash_trt
+    from dflash_trt.cli.generate import main as generate
+
+    assert generate([accepting[fmt], "--prompt", "hi", "--max-tokens", "6", "--json", "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    rec = json.loads(lines[0])
+    llm = dflash_trt.LLM(accepting[fmt], speculative=False)
+    ar = llm.generate(["hi"], dflash_trt.SamplingParams(max_tokens=6))[0]
+    assert rec["token_ids"] == ar.token_ids and len(ar.token_ids) > 0 and rec["text"] == ar.text
 
 
 def test_unsupported_exports_are_refused(engines, tmp_path):
