@@ -79,9 +79,19 @@ needs_modelopt = pytest.mark.skipif(not HAVE_MODELOPT, reason="needs nvidia-mode
                                     "requests pyyaml, without touching torch)")
 
 
+# Which pair each engine of the matrix was built from.
+PAIR = {"bf16": "llama", "fp8": "llama", "nvfp4": "qwen", "qwen_bf16": "qwen", "qwen_fp8": "qwen",
+        "llama_nvfp4": "llama", "kvfp8": "llama"}
+KV_FP8 = {"fp8", "kvfp8"}
+
+
 @pytest.fixture(scope="module")
-def built(pairs, tmp_path_factory):
-    """bf16 (Llama, tp 2), fp8 + FP8 KV (Llama, user calibration JSONL), nvfp4 (Qwen3, built-in calibration)."""
+def build_runs(pairs, tmp_path_factory):
+    """The matrix: Llama and Qwen3 x bf16/fp8/nvfp4, plus bf16 weights with an FP8 KV cache.
+
+    bf16 (Llama, tp 2), fp8 + FP8 KV (Llama, user calibration JSONL), nvfp4 (Qwen3, built-in calibration) and the
+    rest with defaults. qwen_fp8 is built by a real process with the progress display on: its stdout and stderr
+    are returned too."""
     root = tmp_path_factory.mktemp("engines")
     t, d = pairs["llama"]
     tq, dq = pairs["qwen"]
@@ -91,14 +101,39 @@ def built(pairs, tmp_path_factory):
         "fp8": ["--target", t, "--draft", d, "--quantization", "fp8", "--kv-cache-dtype", "fp8",
                 "--calib-data", pairs["calib"]],
         "nvfp4": ["--target", tq, "--draft", dq, "--quantization", "nvfp4", "--calib-samples", "8"],
+        "qwen_bf16": ["--target", tq, "--draft", dq],
+        "llama_nvfp4": ["--target", t, "--draft", d, "--quantization", "nvfp4", "--calib-samples", "4"],
+        "kvfp8": ["--target", t, "--draft", d, "--kv-cache-dtype", "fp8", "--calib-samples", "4"],
     }
     out = {}
     for name, argv in runs.items():
-        if name != "bf16" and not HAVE_MODELOPT:
+        if name not in ("bf16", "qwen_bf16") and not HAVE_MODELOPT:
             continue
         out[name] = str(root / name)
         assert build_main([*argv, "--output", out[name], "--quiet"]) == 0
-    return out
+    shown = None
+    if HAVE_MODELOPT:
+        out["qwen_fp8"] = str(root / "qwen_fp8")
+        shown = run_cli("--target", tq, "--draft", dq, "--quantization", "fp8", "--calib-samples", "4",
+                        "--output", out["qwen_fp8"])
+        assert shown.returncode == 0, shown.stderr
+    return out, shown
+
+
+@pytest.fixture(scope="module")
+def built(build_runs):
+    return build_runs[0]
+
+
+def assert_tokenizer_copied(src: str, dst: str) -> list[str]:
+    """Every tokenizer file of the source is in dst, byte for byte; returns their names."""
+    from dflash_trt.builder.calib import TOKENIZER_FILES
+
+    names = [n for n in TOKENIZER_FILES if os.path.isfile(os.path.join(src, n))]
+    for n in names:
+        with open(os.path.join(src, n), "rb") as a, open(os.path.join(dst, n), "rb") as b:
+            assert a.read() == b.read(), n
+    return names
 
 
 def record(engine: str) -> dict:
@@ -107,29 +142,36 @@ def record(engine: str) -> dict:
 
 
 # -- tensors: names, dtypes, shapes of trtllm.md ------------------------------------------------------------------
-def test_bf16_target_is_a_bf16_copy(pairs, built):
-    src, out = tensors(pairs["llama"][0]), tensors(os.path.join(built["bf16"], "target"))
+@pytest.mark.parametrize("engine", ["bf16", "qwen_bf16"])
+def test_bf16_target_is_a_bf16_copy(pairs, built, engine):
+    src_dir = pairs[PAIR[engine]][0]
+    src, out = tensors(src_dir), tensors(os.path.join(built[engine], "target"))
     assert set(out) == set(src)
     for n, t in src.items():
         assert out[n].dtype == torch.bfloat16 and out[n].shape == t.shape
         assert torch.equal(out[n], t.to(torch.bfloat16))
-    assert not os.path.exists(os.path.join(built["bf16"], "target", "hf_quant_config.json"))
-    with open(os.path.join(built["bf16"], "target", "config.json")) as f:
+    assert not os.path.exists(os.path.join(built[engine], "target", "hf_quant_config.json"))
+    with open(os.path.join(built[engine], "target", "config.json")) as f:
         cfg = json.load(f)
     assert cfg["dtype"] == "bfloat16" and "quantization_config" not in cfg
-    assert os.path.isfile(os.path.join(built["bf16"], "target", "tokenizer.json"))  # tokenizer files copied
+    assert cfg["architectures"] == [{"llama": "LlamaForCausalLM", "qwen": "Qwen3ForCausalLM"}[PAIR[engine]]]
+    copied = assert_tokenizer_copied(src_dir, os.path.join(built[engine], "target"))
+    assert ("tokenizer.json" in copied) == (PAIR[engine] == "llama")  # the Qwen3 source has none
 
 
 @needs_modelopt
-def test_fp8_target_contract(pairs, built):
+@pytest.mark.parametrize("engine", ["fp8", "qwen_fp8"])
+def test_fp8_target_contract(pairs, built, engine):
     from modelopt.torch.quantization.qtensor import FP8QTensor
 
-    src, out = tensors(pairs["llama"][0]), tensors(os.path.join(built["fp8"], "target"))
+    src_dir = pairs[PAIR[engine]][0]
+    src, out = tensors(src_dir), tensors(os.path.join(built[engine], "target"))
     linears = [n for n in src if LINEAR.match(n)]
     assert len(linears) == 4 * 7
     expected = set(src) | {n[: -len("weight")] + s for n in linears for s in ("weight_scale", "input_scale")}
-    expected |= {n.replace("weight", "k_scale") for n in linears if ".k_proj." in n}
-    expected |= {n.replace("weight", "v_scale") for n in linears if ".v_proj." in n}
+    if engine in KV_FP8:
+        expected |= {n.replace("weight", "k_scale") for n in linears if ".k_proj." in n}
+        expected |= {n.replace("weight", "v_scale") for n in linears if ".v_proj." in n}
     assert set(out) == expected
     for n, orig in src.items():
         o = orig.to(torch.bfloat16).float()  # the builder calibrates the bf16 model
@@ -150,17 +192,23 @@ def test_fp8_target_contract(pairs, built):
         assert ((deq - o).abs() <= bound).all(), n
     for i in range(4):
         p = f"model.layers.{i}."
-        assert out[p + "self_attn.k_proj.k_scale"].dtype == torch.float32 and out[p + "self_attn.k_proj.k_scale"].shape == ()
+        if engine in KV_FP8:
+            k_scale = out[p + "self_attn.k_proj.k_scale"]
+            assert k_scale.dtype == torch.float32 and k_scale.shape == ()
         qkv = [out[p + f"self_attn.{x}_proj.input_scale"] for x in "qkv"]
         assert torch.equal(qkv[0], qkv[1]) and torch.equal(qkv[0], qkv[2])  # q/k/v share one input_scale
         assert torch.equal(out[p + "mlp.gate_proj.input_scale"], out[p + "mlp.up_proj.input_scale"])
+    copied = assert_tokenizer_copied(src_dir, os.path.join(built[engine], "target"))  # beside the ModelOpt export
+    assert ("tokenizer.json" in copied) == (PAIR[engine] == "llama")
 
 
 @needs_modelopt
-def test_nvfp4_target_contract(pairs, built):
+@pytest.mark.parametrize("engine", ["nvfp4", "llama_nvfp4"])
+def test_nvfp4_target_contract(pairs, built, engine):
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
-    src, out = tensors(pairs["qwen"][0]), tensors(os.path.join(built["nvfp4"], "target"))
+    src_dir = pairs[PAIR[engine]][0]
+    src, out = tensors(src_dir), tensors(os.path.join(built[engine], "target"))
     linears = [n for n in src if LINEAR.match(n)]
     expected = set(src) | {n[: -len("weight")] + s for n in linears
                            for s in ("weight_scale", "weight_scale_2", "input_scale")}
@@ -193,6 +241,7 @@ def test_nvfp4_target_contract(pairs, built):
         for _, s2, a in members:
             assert torch.isclose(s2, amax / (448 * 6), rtol=1e-6), g
             assert torch.equal(a, members[0][2]), g
+    assert_tokenizer_copied(src_dir, os.path.join(built[engine], "target"))
 
 
 @pytest.mark.parametrize("engine,pair", [("bf16", "llama"), pytest.param("fp8", "llama", marks=needs_modelopt),
@@ -214,7 +263,8 @@ def test_drafter_copied_in_bf16(pairs, built, engine, pair):
 
 @needs_modelopt
 def test_hf_quant_config_and_config_json(built):
-    for engine, algo, kv in (("fp8", "FP8", "FP8"), ("nvfp4", "NVFP4", None)):
+    for engine, algo, kv in (("fp8", "FP8", "FP8"), ("nvfp4", "NVFP4", None), ("qwen_fp8", "FP8", None),
+                             ("llama_nvfp4", "NVFP4", None)):
         tdir = os.path.join(built[engine], "target")
         with open(os.path.join(tdir, "hf_quant_config.json")) as f:
             hq = json.load(f)
@@ -232,11 +282,36 @@ def test_hf_quant_config_and_config_json(built):
         assert json.load(f)["architectures"] == ["Qwen3ForCausalLM"]  # set although the source config lacked it
 
 
-# -- engine.json, YAML, scripts ---------------------------------------------------------------------------------
 @needs_modelopt
+def test_bf16_weights_with_fp8_kv_cache(pairs, built):
+    """--quantization bf16 --kv-cache-dtype fp8: ModelOpt calibrates only the k/v scales; weights stay bf16."""
+    yaml = pytest.importorskip("yaml")
+    engine = built["kvfp8"]
+    tdir = os.path.join(engine, "target")
+    with open(os.path.join(tdir, "hf_quant_config.json")) as f:
+        q = json.load(f)["quantization"]
+    assert q["quant_algo"] is None and q["kv_cache_quant_algo"] == "FP8"
+    src, out = tensors(pairs["llama"][0]), tensors(tdir)
+    scales = {n for n in out if n.endswith(("k_proj.k_scale", "v_proj.v_scale"))}
+    assert set(out) == set(src) | scales and len(scales) == 2 * 4  # no weight or input scales
+    assert all(out[n].dtype == torch.float32 and out[n].shape == () and out[n] > 0 for n in scales)
+    for n, t in src.items():
+        assert out[n].dtype == torch.bfloat16 and torch.equal(out[n], t.to(torch.bfloat16)), n
+    with open(os.path.join(engine, "trtllm", "dflash.yaml")) as f:
+        assert yaml.safe_load(f)["kv_cache_config"]["dtype"] == "fp8"
+    assert (record(engine)["quantization"], record(engine)["kv_cache_dtype"]) == ("bf16", "fp8")
+    assert build_main(["--check", engine, "--quiet"]) == 0
+
+
+# -- engine.json, YAML, scripts ---------------------------------------------------------------------------------
+def _drafter_config(pairs, engine: str) -> dict:
+    with open(os.path.join(pairs[PAIR[engine]][1], "config.json")) as f:
+        return json.load(f)
+
+
 def test_engine_json_records_everything(pairs, built):
     from dflash_trt import __version__
-    from dflash_trt.builder import TRTLLM_VERSION
+    from dflash_trt.builder import FORMAT_VERSION, TRTLLM_VERSION
 
     for name, engine in built.items():
         rec = record(engine)
@@ -244,17 +319,38 @@ def test_engine_json_records_everything(pairs, built):
                     "max_draft_len", "target_layer_ids", "mask_token_id", "max_seq_len", "max_batch_size",
                     "tensorrt_llm_version", "files"):
             assert key in rec, (name, key)
+        assert rec["format_version"] == FORMAT_VERSION
         assert rec["tool"] == {"name": "dflash-build", "version": __version__}
         assert rec["tensorrt_llm_version"] == TRTLLM_VERSION and TRTLLM_VERSION.startswith("1.3.0rc")
+        t, d = pairs[PAIR[name]]
+        assert (rec["sources"]["target"], rec["sources"]["draft"]) == (t, d)
+        dcfg = _drafter_config(pairs, name)
+        assert rec["target_layer_ids"] == dcfg["dflash_config"]["target_layer_ids"], name
+        assert rec["mask_token_id"] == dcfg["dflash_config"]["mask_token_id"]
+        assert rec["block_size"] == dcfg["block_size"]
         on_disk = sorted(os.path.relpath(os.path.join(d, f), engine) for d, _, fs in os.walk(engine) for f in fs)
         assert sorted(rec["files"]) == [f for f in on_disk if f != "engine.json"]
         for rel, digest in rec["files"].items():
             with open(os.path.join(engine, rel), "rb") as f:
                 assert hashlib.sha256(f.read()).hexdigest() == digest, rel
     bf = record(built["bf16"])
-    assert (bf["quantization"], bf["tp_size"], bf["block_size"], bf["max_draft_len"], bf["max_seq_len"],
-            bf["max_batch_size"], bf["mask_token_id"]) == ("bf16", 2, 8, 5, 1024, 4, 3)
-    assert bf["sources"]["target"] == pairs["llama"][0] and bf["sources"]["calib_data"] is None
+    assert (bf["quantization"], bf["kv_cache_dtype"], bf["tp_size"], bf["block_size"], bf["max_draft_len"],
+            bf["max_seq_len"], bf["max_batch_size"], bf["mask_token_id"]) == ("bf16", "auto", 2, 8, 5, 1024, 4, 3)
+    assert bf["sources"]["calib_data"] is None and bf["modelopt"] is None
+    qb = record(built["qwen_bf16"])  # defaults: block_size - 1, min(8192, max_position_embeddings), 32, tp 1
+    assert (qb["max_draft_len"], qb["max_seq_len"], qb["max_batch_size"], qb["tp_size"]) == (5, 2048, 32, 1)
+
+
+@needs_modelopt
+def test_engine_json_quantized_values(pairs, built):
+    import modelopt
+
+    for name, quant, kv in (("fp8", "fp8", "fp8"), ("nvfp4", "nvfp4", "auto"), ("qwen_fp8", "fp8", "auto"),
+                            ("llama_nvfp4", "nvfp4", "auto"), ("kvfp8", "bf16", "fp8")):
+        rec = record(built[name])
+        assert (rec["quantization"], rec["kv_cache_dtype"]) == (quant, kv), name
+        assert rec["modelopt"]["version"] == modelopt.__version__
+        assert rec["sources"]["calib_data"] == (pairs["calib"] if name == "fp8" else "builtin")
     assert record(built["nvfp4"])["max_draft_len"] == 5  # default: block_size 6 - 1
 
 
@@ -269,13 +365,14 @@ def test_calibration_sources(pairs, built):
     assert len(texts) >= 60 and sum("def " in t or "{" in t for t in texts) >= 10  # prose and code
 
 
-@needs_modelopt
 def test_dflash_yaml(built):
     yaml = pytest.importorskip("yaml")
     for name, engine in built.items():
         rec = record(engine)
         with open(os.path.join(engine, "trtllm", "dflash.yaml")) as f:
-            y = yaml.safe_load(f)
+            text = f.read()
+        y = yaml.safe_load(text)
+        assert text.startswith(f"# TensorRT-LLM {rec['tensorrt_llm_version']} LLM-API options")
         assert set(y) == {"speculative_config", "max_seq_len", "max_batch_size", "max_num_tokens",
                           "cuda_graph_config", "kv_cache_config", "enable_chunked_prefill", "attn_backend"}
         sc = y["speculative_config"]
@@ -287,7 +384,19 @@ def test_dflash_yaml(built):
         assert y["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": rec["max_batch_size"]}
         assert y["enable_chunked_prefill"] is True and y["attn_backend"] == "TRTLLM"
         assert y["kv_cache_config"]["enable_block_reuse"] is False
-        assert y["kv_cache_config"].get("dtype") == ("fp8" if name == "fp8" else None)
+        assert y["kv_cache_config"].get("dtype") == ("fp8" if name in KV_FP8 else None), name
+
+
+@needs_modelopt
+def test_progress_display(build_runs):
+    """A real build process without --quiet: the long steps show on stderr, stdout holds only the summary."""
+    engines, run = build_runs
+    for step in ("target: loading", "calibrating (", "target: ModelOpt export", "drafter: bf16 copy", "hashing"):
+        assert step in run.stderr, step
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"built {engines['qwen_fp8']}"
+    assert all(line.startswith("  ") for line in lines[1:]) and re.search(r"^  quantization +fp8$", run.stdout, re.M)
+    assert "Traceback" not in run.stderr
 
 
 def test_launch_scripts(built):
@@ -347,7 +456,19 @@ def test_check_passes_then_fails_on_corruption(built, tmp_path, capsys):
     assert "Traceback" not in bad.stderr
 
 
-def test_check_in_process_other_mismatches(built, tmp_path):
+def _rehash(engine, rel: str) -> None:
+    """Record a file's new sha256 in engine.json: the edit passes the re-hash, so re-validation must catch it."""
+    path = os.path.join(engine, "engine.json")
+    rec = record(str(engine))
+    with open(os.path.join(engine, rel), "rb") as f:
+        rec["files"][rel] = hashlib.sha256(f.read()).hexdigest()
+    with open(path, "w") as f:
+        json.dump(rec, f)
+
+
+def test_check_in_process_other_mismatches(built, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
     from dflash_trt.builder.check import check_engine
     from dflash_trt.errors import DFlashError
 
@@ -361,6 +482,52 @@ def test_check_in_process_other_mismatches(built, tmp_path):
     os.remove(engine / "trtllm" / "bench.sh")
     with pytest.raises(DFlashError, match="trtllm/bench.sh \\(missing\\)"):
         check_engine(str(engine))
+    assert build_main(["--check", str(engine), "--target", str(engine / "target"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "takes no --target" in err
+
+    # edits that keep every sha256 right: the pair and the formats are re-validated, not only re-hashed
+    def fresh(name):
+        e = tmp_path / name
+        shutil.copytree(built["bf16"], e)
+        return e
+
+    e = fresh("mask")
+    cfg = json.loads((e / "draft" / "config.json").read_text())
+    cfg["dflash_config"]["mask_token_id"] = 5000
+    (e / "draft" / "config.json").write_text(json.dumps(cfg))
+    _rehash(e, "draft/config.json")
+    with pytest.raises(DFlashError, match="mask_token_id 5000 out of range"):
+        check_engine(str(e))
+    e = fresh("quant")
+    edit_json(str(e / "engine.json"), quantization="fp8")
+    with pytest.raises(DFlashError, match="engine.json says fp8 but target/ holds quant_algo None"):
+        check_engine(str(e))
+    e = fresh("fp32_drafter")
+    w = load_file(str(e / "draft" / "model.safetensors"))
+    save_file({k: v.float() for k, v in w.items()}, str(e / "draft" / "model.safetensors"))
+    _rehash(e, "draft/model.safetensors")
+    with pytest.raises(DFlashError, match="drafter tensor .* is not bfloat16"):
+        check_engine(str(e))
+    e = fresh("block")
+    edit_json(str(e / "engine.json"), block_size=16)
+    with pytest.raises(DFlashError, match="engine.json block_size 16 != drafter config 8"):
+        check_engine(str(e))
+
+
+@needs_modelopt
+def test_check_quant_algo_mismatch(built, tmp_path):
+    from dflash_trt.builder.check import check_engine
+    from dflash_trt.errors import DFlashError
+
+    e = tmp_path / "e"
+    shutil.copytree(built["fp8"], e)
+    edit_json(str(e / "engine.json"), quantization="nvfp4")
+    with pytest.raises(DFlashError, match="engine.json says nvfp4 but target/ holds quant_algo 'FP8'"):
+        check_engine(str(e))
+    edit_json(str(e / "engine.json"), quantization="fp8", kv_cache_dtype="auto")
+    with pytest.raises(DFlashError, match="kv_cache_dtype 'auto' but target/ holds kv_cache_quant_algo 'FP8'"):
+        check_engine(str(e))
 
 
 # -- atomic writes ------------------------------------------------------------------------------------------------
@@ -417,6 +584,14 @@ def _error_cases(pairs, root):
     d_other = tiny.make_drafter(os.path.join(root, "d_other"), other_t)
     d_layers = tiny.make_drafter(os.path.join(root, "d_layers"), t, target_layer_ids=[1, 7])
     d_gpt2 = tiny.make_drafter(os.path.join(root, "d_gpt2"), t, extra={"model_type": "gpt2"})
+    d_mask = tiny.make_drafter(os.path.join(root, "d_mask"), t, mask_token_id=5000)
+    d_fc = tiny.make_drafter(os.path.join(root, "d_fc"), t)  # fc.weight built for 2 layers, config names 3
+    edit_json(os.path.join(d_fc, "config.json"), dflash_config={"mask_token_id": 3, "target_layer_ids": [0, 1, 2]})
+    d_no_weights = tiny.make_drafter(os.path.join(root, "d_no_weights"), t)
+    os.remove(os.path.join(d_no_weights, "model.safetensors"))
+    d_bad_json = tiny.make_drafter(os.path.join(root, "d_bad_json"), t)
+    with open(os.path.join(d_bad_json, "config.json"), "w") as f:
+        f.write("{oops")
     t40 = tiny.make_target(os.path.join(root, "t40"), "llama", hidden=40, heads=4, kv_heads=2)
     d40 = tiny.make_drafter(os.path.join(root, "d40"), t40)
     exists = os.path.join(root, "out_exists")
@@ -443,6 +618,12 @@ def _error_cases(pairs, root):
         "unknown_drafter_type": (pair(draft=d_gpt2), ["'gpt2'", "qwen3 or llama"]),
         "pair_hidden_size": (pair(draft=d_other), ["hidden_size", "another target"]),
         "pair_layer_ids": (pair(draft=d_layers), ["target_layer_ids [7]", "out of range"]),
+        "pair_mask_id": (pair(draft=d_mask), ["mask_token_id 5000 out of range", "vocab_size 128"]),
+        "pair_fc": (pair(draft=d_fc), ["fc.weight has 128 input features", "expected", "192"]),
+        "draft_no_weights": (pair(draft=d_no_weights), ["drafter", "no *.safetensors"]),
+        "draft_unreadable_config": (pair(draft=d_bad_json), ["drafter config", "unreadable"]),
+        "max_seq_len_too_long": (pair() + ["--max-seq-len", "4096"],
+                                 ["exceeds the target's max_position_embeddings 2048", "--max-seq-len 2048"]),
         "max_draft_len_ge_block": (pair() + ["--max-draft-len", "8"],
                                    ["--max-draft-len 8 must be below the drafter block_size 8", "use --max-draft-len 7"]),
         "tp_not_dividing_heads": (pair() + ["--tp-size", "3"], ["--tp-size 3 does not divide", "use --tp-size 1 or 2"]),
@@ -465,6 +646,7 @@ SUBPROCESS_CASES = ["target_missing", "target_not_a_checkpoint", "target_unreada
                     "target_corrupt_weights", "unknown_architecture", "pair_hidden_size", "pair_layer_ids",
                     "max_draft_len_ge_block", "tp_not_dividing_heads", "existing_output"]
 IN_PROCESS_CASES = ["draft_missing", "unknown_architecture_head", "unknown_drafter_type", "tp_out_of_range",
+                    "pair_mask_id", "pair_fc", "draft_no_weights", "draft_unreadable_config", "max_seq_len_too_long",
                     "nvfp4_in_features", "calib_missing", "calib_bad_line", "missing_flag", "check_missing_dir",
                     "check_not_an_engine"]
 
@@ -536,6 +718,27 @@ def test_missing_modelopt_is_a_one_line_error(pairs, tmp_path, monkeypatch, caps
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs NVIDIA ModelOpt" in err and "pip install nvidia-modelopt" in err
     assert not out.exists()
+
+
+@needs_modelopt
+def test_pair_is_validated_before_any_heavy_work(error_setup, monkeypatch, capsys):
+    """A mismatched pair with --quantization fp8 fails before the target model is loaded or ModelOpt runs."""
+    import transformers
+
+    import dflash_trt.builder.build as build_mod
+
+    def must_not_run(*a, **k):
+        raise AssertionError("heavy work ran before the pair was validated")
+
+    monkeypatch.setattr(build_mod, "write_target_modelopt", must_not_run)
+    monkeypatch.setattr(build_mod, "write_target_bf16", must_not_run)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", must_not_run)
+    root, cases = error_setup
+    out = os.path.join(root, "out", "heavy")
+    rc = build_main([*cases["pair_hidden_size"][0], "--quantization", "fp8", "--output", out, "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "hidden_size" in err and "another target" in err, err
+    assert not os.path.exists(out)
 
 
 def test_every_error_case_is_run(error_setup):
