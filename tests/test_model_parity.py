@@ -28,17 +28,44 @@ def test_target_logits_match_transformers(tiny_pairs, name):
         assert rel < 1e-4, f"{name}: relative logit error {rel}"
 
 
-def test_captured_features_are_layer_outputs(tiny_pairs):
+FAMILIES = {"qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss", "gemma3": "gemma3", "deepseek_v3": "deepseek_v3"}
+
+
+@pytest.fixture(scope="module")
+def capture_targets(tiny_pairs, tmp_path_factory):
+    """One tiny checkpoint per target family (the family tests' own builders), built on first use."""
+    import importlib
+
+    root, made = tmp_path_factory.mktemp("capture"), {"qwen3": tiny_pairs["qwen3"][0]}
+
+    def get(name):
+        if name not in made:
+            builder = getattr(importlib.import_module(f"test_families_{FAMILIES[name]}"), name)
+            made[name] = builder(str(root / name))
+        return made[name]
+    return get
+
+
+@pytest.mark.parametrize("name", ["qwen3", *FAMILIES])
+def test_captured_features_are_layer_outputs(capture_targets, name):
+    """The drafter's context features are what the z-lab reference reads: transformers' hidden_states[id + 1],
+    concatenated in the config's order, duplicates kept. For the last layer that entry is AFTER the final norm
+    (transformers replaces it with the normed output), so our capture of layer L-1 is normed too."""
     from transformers import AutoModelForCausalLM
 
-    tdir, _ = tiny_pairs["qwen3"]
+    tdir = capture_targets(name)
     tcfg = TargetConfig.from_dir(tdir)
+    last = tcfg.num_hidden_layers - 1
     target, _ = load_models(ModelPaths(tdir, None), tcfg, None, torch.float32, "cpu")
-    target.capture_ids = [0, 2, 2]  # concatenated in the config's order, duplicates kept (as the reference)
-    seq = list(range(3, 40))
+    target.capture_ids = [0, 2, 2, last]
+    seq = list(range(3, 40))  # longer than the gpt-oss / Gemma windows (8)
     _, _, feats = teacher_forward(target, [seq], capture=True, logits=False)
     hf = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
     with torch.no_grad():
         hs = hf(torch.tensor([seq]), output_hidden_states=True).hidden_states
-    ref = torch.cat([hs[0 + 1][0], hs[2 + 1][0], hs[2 + 1][0]], -1)
-    assert torch.allclose(feats, ref, atol=1e-4, rtol=1e-4)
+    assert len(hs) == last + 2
+    parts = feats.split(tcfg.hidden_size, -1)
+    for got, i in zip(parts, target.capture_ids):
+        ref = hs[i + 1][0]
+        rel = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert rel < 1e-4, f"{name}: captured layer {i} differs from hidden_states[{i + 1}] by {rel:.2e}"

@@ -103,5 +103,4 @@ class Gemma3Model(FamilyModel):
             x = layer(x, *rope[layer.is_local], kv_caches[i], batch)
             if i in want:
                 captured[i] = x
-        feats = torch.cat([captured[i] for i in self.capture_ids], -1) if capture else None
-        return self.model.norm(x), feats
+        return self.finish(x, captured, capture)

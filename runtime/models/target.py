@@ -145,9 +145,20 @@ class TargetModel(nn.Module):
             x = layer(x, cos, sin, kv_caches[i], batch)
             if i in want:
                 captured[i] = x
-        # the drafter's fc expects the layers in its config's order (duplicates allowed), as the reference does
-        feats = torch.cat([captured[i] for i in self.capture_ids], -1) if capture else None
-        return self.model.norm(x), feats
+        return self.finish(x, captured, capture)
+
+    def finish(self, x: torch.Tensor, captured: dict, capture: bool):
+        """Final norm, and the captured layer outputs concatenated in the drafter config's order (duplicates
+        allowed), as the z-lab reference does. The reference reads transformers' hidden_states[id + 1]; for the
+        LAST layer that entry is after the final norm (transformers replaces it with the normed output), so a
+        capture of layer L-1 is the normed output too; every other layer's is its raw residual stream."""
+        h = self.model.norm(x)
+        if not capture:
+            return h, None
+        last = len(self.model.layers) - 1
+        if last in captured:
+            captured[last] = h
+        return h, torch.cat([captured[i] for i in self.capture_ids], -1)
 
     def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         own = dict(self.named_parameters())
