@@ -142,3 +142,47 @@ def test_fp8_engine_with_native_fp8_gemms_is_lossless_and_close_to_the_dequantis
     ld = teacher_forward(deq.engine.target, seq)[1]
     assert (ln - ld).abs().max() < 0.1 * ld.abs().max()
     assert (ln.argmax(-1) == ld.argmax(-1)).float().mean() >= 0.75
+
+
+def test_fp8_matmul_needs_fp8_tensor_cores(monkeypatch):
+    """Native FP8 GEMMs by default only on CUDA devices of compute capability 8.9 (Ada) and up."""
+    from dflash_trt import ops
+
+    assert ops.fp8_matmul_available("cpu") is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for cap, want in (((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        assert ops.fp8_matmul_available("cuda") is want, cap
+        assert ops.fp8_matmul_available("cuda:0") is want, cap
+        assert ops.fp8_matmul_available("cpu") is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CUDA build on a machine without a GPU
+    assert ops.fp8_matmul_available("cuda") is False
+
+
+@NEEDS_MODELOPT
+def test_engine_asks_fp8_matmul_available_for_its_device(fp8_engine, monkeypatch):
+    """Without fp8_compute the engine's choice is fp8_matmul_available(device): True -> native GEMMs."""
+    from dflash_trt import ops
+
+    asked = []
+    monkeypatch.setattr(ops, "fp8_matmul_available", lambda device: asked.append(str(device)) or True)
+    eng = LLM(fp8_engine, speculative=False).engine
+    assert asked == ["cpu"] and eng.fp8_native and eng.fp8_linears == 7 * eng.target_config.num_hidden_layers
+
+
+@NEEDS_MODELOPT
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp8_engine_on_cuda(fp8_engine):
+    """On a GPU with FP8 tensor cores the engine runs native FP8 GEMMs by default (else dequantised weights), and
+    DFlash gives the same tokens as the same engine's AR path."""
+    from dflash_trt import ops
+
+    native = ops.fp8_matmul_available("cuda")
+    spec = LLM(fp8_engine, device="cuda", draft_len_policy="fixed")
+    assert spec.engine.fp8_native is native and (spec.engine.fp8_linears > 0) is native
+    prompts = [[4, 5, 6], [11, 7, 9, 10], [30] * 12]
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    out = spec.generate(prompts, sp)
+    ar = LLM(fp8_engine, device="cuda", speculative=False).generate(prompts, sp)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ar]
+    assert sum(o.drafted for o in out) > 0
