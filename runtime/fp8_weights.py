@@ -14,6 +14,13 @@ then the engine keeps the FP8 linears in FP8 in one of two ways:
 
 The dequantised fp32 copy of every converted linear is freed. Under tensor parallelism a rank's linears are
 shards of different shapes: those stay dequantised.
+
+NVFP4 targets are not kept packed: on CPU the loader dequantises them to the compute dtype (fp32 by default, ~7x
+the bytes of the packed 4.5 bits per weight; bf16 with dtype="bfloat16"), and they run as plain linears. There
+is no NVFP4 GEMM on CPU, so a packed weight would have to be dequantised layer by layer on every step:
+unpacking the e2m1 nibbles and applying both scales costs far more than reading the fp32/bf16 weight it
+produces (a 1536x576 SmolLM2 MLP weight: ~16 ms to dequantise in PyTorch against ~0.3 ms for its fp32
+matrix-vector product, one thread). For models this runtime serves on CPU, memory is not the constraint.
 """
 from __future__ import annotations
 
