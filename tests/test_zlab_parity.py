@@ -31,13 +31,14 @@ def run_reference(tdir, ddir, prompt, max_new):
     return out.output_ids[0, len(prompt):].tolist(), steps, out.acceptance_lengths
 
 
-@pytest.mark.parametrize("block_size,prompt_len", [(8, 5), (10, 30), (16, 70), (16, 12)])
-def test_drafts_and_acceptance_match_reference(tmp_path, block_size, prompt_len):
-    t = tiny.make_target(str(tmp_path / "t"), kind="qwen3", head_dim=32, seed=block_size,
+def compare_with_reference(root, block_size, prompt_len, extra=None, target_layer_ids=None, seed=None):
+    """Same drafts and acceptance lengths as the reference step by step; returns (our first-step draft logits,
+    the target, the drafter, the prompt) after checking them against the reference's."""
+    t = tiny.make_target(str(root / "t"), kind="qwen3", head_dim=32, seed=seed or block_size,
                           boost_tokens=(11,), boost=5.0)
     mask = tiny.mask_proposing(t, 11)  # the drafter leans to the target's favourite token: real acceptance
-    d = tiny.make_drafter(str(tmp_path / "d"), t, block_size=block_size, seed=prompt_len, std=0.15,
-                          mask_token_id=mask, residual_scale=0.3)
+    d = tiny.make_drafter(str(root / "d"), t, block_size=block_size, seed=prompt_len, std=0.15,
+                          mask_token_id=mask, residual_scale=0.3, extra=extra, target_layer_ids=target_layer_ids)
     g = torch.Generator().manual_seed(prompt_len)
     prompt = torch.randint(4, 128, (prompt_len,), generator=g).tolist()
     max_new = 48
@@ -57,15 +58,49 @@ def test_drafts_and_acceptance_match_reference(tmp_path, block_size, prompt_len)
         assert drafts == ref_drafts, f"step {i}"
         assert accepted + 1 == ref_acc[i], f"step {i}"
 
-    # logits: recompute our drafter's logits for the first step and compare numerically
-    llm2 = LLM(target=t, draft=d, draft_len_policy="fixed")
-    eng = llm2.engine
+    ours = first_draft_logits(t, d, prompt)
+    assert torch.allclose(ours, ref_logits[0].float(), atol=1e-3, rtol=1e-3)
+    return ours, t, d, prompt
+
+
+def first_draft_logits(t, d, prompt):
+    """Our drafter's logits for the first block after the prompt's prefill."""
+    from dflash_trt.scheduler import Scheduled
+
+    eng = LLM(target=t, draft=d, draft_len_policy="fixed").engine
+    block_size = eng.drafter.block_size
     seq = eng.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True))
     eng.step()  # prefill: context cache filled, first token sampled
-    from dflash_trt.scheduler import Scheduled
     captured = {}
     orig = eng.drafter.logits
     eng.drafter.logits = lambda h, w: captured.setdefault("l", orig(h, w))
     eng.runner.write_context([seq])  # the prompt's drafter context (written lazily, before a draft)
     eng.runner.draft([Scheduled(seq, block_size, block_size - 1, False)])
-    assert torch.allclose(captured["l"], ref_logits[0].float(), atol=1e-3, rtol=1e-3)
+    return captured["l"].float()
+
+
+@pytest.mark.parametrize("block_size,prompt_len", [(8, 5), (10, 30), (16, 70), (16, 12)])
+def test_drafts_and_acceptance_match_reference(tmp_path, block_size, prompt_len):
+    compare_with_reference(tmp_path, block_size, prompt_len)
+
+
+WINDOW = 8
+YARN = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+        "original_max_position_embeddings": 64, "rope_theta": 150000.0}  # 64 x 32 = max_position_embeddings
+
+
+def test_yarn_and_sliding_window_drafter_matches_reference(tmp_path):
+    """The gpt-oss drafter's variants: YaRN RoPE from the draft config and a sliding_attention layer (window 8,
+    shorter than the 30-token prompt), block size 8. The context also reads the target's LAST layer (id 3 of 4),
+    which the reference takes after the final norm."""
+    import shutil
+
+    extra = {"rope_parameters": YARN, "layer_types": ["sliding_attention", "full_attention"],
+             "sliding_window": WINDOW, "use_sliding_window": True, "max_position_embeddings": 2048}
+    ours, t, d, prompt = compare_with_reference(tmp_path, 8, 30, extra=extra, target_layer_ids=[1, 3], seed=3)
+    # each variant matters: the same weights without YaRN, or without the window, draft other logits
+    for drop in (("rope_parameters",), ("layer_types", "sliding_window", "use_sliding_window")):
+        other = tmp_path / ("no_" + drop[0])
+        shutil.copytree(d, other)
+        tiny.edit_json(str(other / "config.json"), **dict.fromkeys(drop))
+        assert (first_draft_logits(t, str(other), prompt) - ours).abs().max() > 0.1, drop
