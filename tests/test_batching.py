@@ -222,16 +222,8 @@ def test_every_acceptance_length_under_load_with_stops_inside_accepted_runs(pair
             reqs[i] = (p, SamplingParams(max_tokens=sp.max_tokens, ignore_eos=True, stop_token_ids=[stop]), arrival)
     alone = [ar.generate([p], sp)[0].token_ids for p, sp, _ in reqs]
     llm = _small(t, d, draft_len_policy="fixed", max_draft_len=7, trace=True)
-    eng, truth = llm.engine, {}
-    eng.runner.draft = tiny.OracleDrafter(eng.runner, truth)
-    add = eng.add_request
-
-    def add_with_truth(prompt, sp):
-        seq = add(prompt, sp)
-        truth[seq.seq_id] = alone[[r[0] for r in reqs].index(prompt)]
-        return seq
-
-    eng.add_request = add_with_truth
+    eng, truth = llm.engine, {tuple(p): a for (p, _, _), a in zip(reqs, alone)}
+    eng.runner.draft = tiny.OracleDrafter(lambda s: truth[tuple(s.prompt_ids)])
     seqs = run_with_arrivals(llm, reqs)
     assert outputs(seqs) == alone
     assert eng.scheduler.num_preemptions > 0
@@ -308,8 +300,8 @@ def test_min_acceptance_turns_speculation_off_for_a_request_whose_drafts_miss(pa
     llm = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True, min_acceptance=0.5, acceptance_window=4)
     eng = llm.engine
     seq = eng.add_request(prompt, sp)
-    wrong = tiny.OracleDrafter(eng.runner, {seq.seq_id: [(x + 1) % tiny.VOCAB for x in ar]})
-    eng.runner.draft = lambda work: {k: [(x + 1) % tiny.VOCAB for x in v] for k, v in wrong(work).items()}
+    right = tiny.OracleDrafter(lambda s: ar)
+    eng.runner.draft = lambda work: {k: [(x + 1) % tiny.VOCAB for x in v] for k, v in right(work).items()}
     while eng.has_unfinished():
         eng.step()
     assert seq.output_ids == ar

@@ -51,7 +51,8 @@ def test_every_acceptance_length_is_exercised(b16_pairs, k):
     llm = LLM(target=t, draft=d, draft_len_policy="fixed", max_draft_len=k, trace=True)
     eng = llm.engine
     seqs = [eng.add_request(p, sp) for p in ps]
-    oracle = tiny.OracleDrafter(eng.runner, {s.seq_id: a.token_ids for s, a in zip(seqs, ar)})
+    truth = {s.seq_id: a.token_ids for s, a in zip(seqs, ar)}
+    oracle = tiny.OracleDrafter(lambda s: truth[s.seq_id])
     eng.runner.draft = oracle
     while eng.has_unfinished():
         eng.step()

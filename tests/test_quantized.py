@@ -157,22 +157,7 @@ def test_engine_dirs_are_lossless_at_every_acceptance_length(accepting, fmt):
 
     ar = dict(zip(map(tuple, PROMPTS), _ar(accepting[fmt])))
     llm = dflash_trt.LLM(accepting[fmt], draft_len_policy="fixed", trace=True)
-    runner, step = llm.engine.runner, [0]
-
-    def oracle(work):  # the drafter's interface: {seq_id: K draft tokens}
-        out = {}
-        for w in work:
-            s = w.seq
-            truth = s.prompt_ids + ar[tuple(s.prompt_ids)]
-            drafts = (truth[len(s.token_ids):len(s.token_ids) + w.draft_len] + [5] * w.draft_len)[:w.draft_len]
-            cut = step[0] % (w.draft_len + 1)
-            if cut < w.draft_len:
-                drafts[cut] = (drafts[cut] + 1) % tiny.VOCAB
-            step[0] += 1
-            out[s.seq_id] = drafts
-        return out
-
-    runner.draft = oracle
+    llm.engine.runner.draft = tiny.OracleDrafter(lambda s: ar[tuple(s.prompt_ids)])
     out = llm.generate(PROMPTS, dflash_trt.SamplingParams(max_tokens=24, ignore_eos=True))
     assert [o.token_ids for o in out] == list(ar.values())
     k = llm.engine.max_draft_len

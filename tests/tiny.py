@@ -169,16 +169,15 @@ class OracleDrafter:
     """Proposes the target's own continuation, corrupted at a chosen position each step, so every
     acceptance length 0..K occurs."""
 
-    def __init__(self, runner, truth: dict[int, list[int]]):
-        self.runner, self.truth, self.step = runner, truth, 0
-        self.seen: set[int] = set()
+    def __init__(self, truth):
+        self.truth, self.step = truth, 0  # truth(seq): the target's own output for that request
 
     def __call__(self, work):
         out = {}
         for w in work:
             s = w.seq
             n = len(s.token_ids)
-            full = s.prompt_ids + self.truth[s.seq_id]
+            full = s.prompt_ids + self.truth(s)
             drafts = full[n:n + w.draft_len]
             drafts += [5] * (w.draft_len - len(drafts))
             cut = self.step % (w.draft_len + 1)  # accepted length this step, if the truth is long enough
