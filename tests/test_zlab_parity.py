@@ -9,6 +9,7 @@ dflash_model = pytest.importorskip("dflash.model", reason="z-lab reference `dfla
 
 import tiny  # noqa: E402
 from dflash_trt import LLM, SamplingParams  # noqa: E402
+from dflash_trt.config import DraftConfig  # noqa: E402
 
 
 def run_reference(tdir, ddir, prompt, max_new):
@@ -32,8 +33,8 @@ def run_reference(tdir, ddir, prompt, max_new):
 
 
 def compare_with_reference(root, block_size, prompt_len, extra=None, target_layer_ids=None, seed=None):
-    """Same drafts and acceptance lengths as the reference step by step; returns (our first-step draft logits,
-    the target, the drafter, the prompt) after checking them against the reference's."""
+    """A random Qwen3 target and drafter checked against the reference (check_against_reference); returns (our
+    first-step draft logits, the target, the drafter, the prompt)."""
     t = tiny.make_target(str(root / "t"), kind="qwen3", head_dim=32, seed=seed or block_size,
                           boost_tokens=(11,), boost=5.0)
     mask = tiny.mask_proposing(t, 11)  # the drafter leans to the target's favourite token: real acceptance
@@ -41,7 +42,13 @@ def compare_with_reference(root, block_size, prompt_len, extra=None, target_laye
                           mask_token_id=mask, residual_scale=0.3, extra=extra, target_layer_ids=target_layer_ids)
     g = torch.Generator().manual_seed(prompt_len)
     prompt = torch.randint(4, 128, (prompt_len,), generator=g).tolist()
-    max_new = 48
+    return check_against_reference(t, d, prompt), t, d, prompt
+
+
+def check_against_reference(t, d, prompt, max_new=48):
+    """Our engine and the reference on the same target / drafter directories: same tokens, same drafts and
+    acceptance lengths at every full-block step, first-step draft logits within 1e-3. Returns our logits."""
+    block_size = DraftConfig.from_dir(d).block_size
     ref_tokens, ref_logits, ref_acc = run_reference(t, d, prompt, max_new)
 
     llm = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True)
@@ -60,7 +67,7 @@ def compare_with_reference(root, block_size, prompt_len, extra=None, target_laye
 
     ours = first_draft_logits(t, d, prompt)
     assert torch.allclose(ours, ref_logits[0].float(), atol=1e-3, rtol=1e-3)
-    return ours, t, d, prompt
+    return ours
 
 
 def first_draft_logits(t, d, prompt):

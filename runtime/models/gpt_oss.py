@@ -96,6 +96,14 @@ class GptOssModel(FamilyModel):
             if base + "_scales" not in state:
                 raise CheckpointError(f"gpt_oss MXFP4 tensor {name} has no {base}_scales")
             state[base] = dequantize_mxfp4(state.pop(name), state.pop(base + "_scales"))
+        for i in range(self.cfg.num_hidden_layers):
+            p = f"model.layers.{i}.mlp.experts."
+            if p + "0.down_proj.weight" in state:
+                continue  # experts already one by one
+            for kind in ("gate_up_proj", "down_proj"):
+                if p + kind not in state:
+                    raise CheckpointError(f"gpt_oss checkpoint lacks {p}{kind} (layer {i}'s fused expert weights, "
+                                          f"or their MXFP4 {kind}_blocks / {kind}_scales): a truncated checkpoint?")
         have = {int(m.group(1)) for m in map(_SINKS.match, state) if m}
         missing = [i for i in range(self.cfg.num_hidden_layers) if i not in have]
         if missing:
