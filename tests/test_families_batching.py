@@ -1,0 +1,130 @@
+"""The in-flight batching runtime under load for the target families: staggered arrivals, chunked prefill mixed
+with verify blocks, a small cache that forces preemption and recompute; every request's tokens (and, for
+speculative decoding, its drafts position by position) equal those it gets alone. Sequences run well past the
+sliding windows (gpt-oss and Gemma 3: 8, windowed Qwen3-MoE: 6), whose layers use the window pool; DeepSeek-V3
+runs its compressed latent cache."""
+import pytest
+
+import families
+from dflash_trt import LLM, SamplingParams
+from test_batching import Probe, outputs, run_with_arrivals, workload
+
+PAGE = 4
+
+
+def _gpt_oss(root):
+    from test_families_gpt_oss import WINDOW, gpt_oss, gpt_oss_drafter
+
+    t = gpt_oss(str(root / "t"))
+    return t, gpt_oss_drafter(str(root / "d"), t), WINDOW
+
+
+def _gemma3(root):
+    from test_families_gemma3 import WINDOW, gemma3
+
+    t = gemma3(str(root / "t"))
+    return t, families.drafter_for(str(root / "d"), t, block_size=16, extra={
+        "layer_types": ["sliding_attention", "full_attention"], "sliding_window": WINDOW}), WINDOW
+
+
+def _qwen3_moe(root):
+    from test_families_qwen3_moe import qwen3_moe
+
+    t = qwen3_moe(str(root / "t"), seed=1, use_sliding_window=True, sliding_window=6, norm_topk_prob=False,
+                  decoder_sparse_step=2, mlp_only_layers=[])
+    return t, families.drafter_for(str(root / "d"), t, block_size=16), 6
+
+
+def _deepseek_v3(root):
+    from test_families_deepseek_v3 import SECOND, deepseek_v3
+
+    t = deepseek_v3(str(root / "t"), seed=1, **SECOND)
+    return t, families.drafter_for(str(root / "d"), t, block_size=8), 0
+
+
+PAIRS = {"gpt_oss": _gpt_oss, "gemma3": _gemma3, "qwen3_moe_windowed": _qwen3_moe, "deepseek_v3": _deepseek_v3}
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = PAIRS[name](tmp_path_factory.mktemp(name))
+        return made[name]
+    return get
+
+
+def family_workload(window: int, n: int = 16, seed: int = 0):
+    """test_batching's workload, outputs at least two windows long, arrivals packed closer (fewer requests)."""
+    return [(p, SamplingParams(max_tokens=max(sp.max_tokens, 2 * window, 16), ignore_eos=True), at // 3)
+            for p, sp, at in workload(n, seed)]
+
+
+def alone_with_drafts(t, d, reqs):
+    """Each request alone: its tokens, and its drafts keyed by (request index, position)."""
+    solo = LLM(target=t, draft=d, draft_len_policy="fixed", page_size=PAGE)
+    probe = Probe(solo.engine)
+    index, tokens = {}, []
+    for i, (p, sp, _) in enumerate(reqs):
+        seq = solo.engine.add_request(p, sp)
+        index[seq.seq_id] = i
+        while solo.engine.has_unfinished():
+            solo.engine.step()
+        tokens.append(seq.output_ids)
+    return tokens, {(index[sid], pos): dr for (sid, pos), dr in probe.drafts.items()}
+
+
+def main_block_budget(t, d, pages, **engine):
+    """kv_cache_bytes for `pages` main-pool blocks of this engine layout (target layers in the main pool plus the
+    drafter's), on top of the window pool the engine sizes itself. Read from an engine's own caches, so MLA's
+    latent rows and the window split are counted as the engine counts them."""
+    eng = LLM(target=t, draft=d, **engine).engine
+    main = eng.blocks.main.num_blocks
+    caches = eng.runner.target_caches + eng.runner.draft_caches
+    per_block = sum((k.numel() * k.element_size() + v.numel() * v.element_size()) // main
+                    for k, v in caches if k.shape[0] == main)
+    window = sum(k.numel() * k.element_size() + v.numel() * v.element_size()
+                 for k, v in caches if k.shape[0] != main)
+    return pages * per_block + window
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_lossless_under_load_with_chunking_and_preemption(pairs, name):
+    t, d, window = pairs(name)
+    reqs = family_workload(window)
+    alone, alone_drafts = alone_with_drafts(t, d, reqs)
+    assert sum(len(a) for a in alone) > 16 * 2 * max(window, 8) * 0.9
+    # tight budgets: 40 rows per iteration (chunked prefill mixed with verify blocks), at most 4 running
+    loaded = LLM(target=t, draft=d, draft_len_policy="fixed", max_num_tokens=40, max_batch_size=4,
+                 page_size=PAGE, max_seq_len=160)
+    assert (loaded.engine.blocks.window is not None) == (window > 0)  # windowed layers in their own pool
+    probe = Probe(loaded.engine)
+    assert outputs(run_with_arrivals(loaded, reqs)) == alone
+    its = probe.iters
+    assert max(i["rows"] for i in its) <= 40 and max(i["running"] for i in its) == 4
+    assert sum(i["partial"] for i in its) > 0 and any(i["prefill"] and i["decode"] for i in its)
+    assert all(i["target"] == 1 and i["drafter"] <= 1 for i in its)
+    # a 40-page main pool: preemption and recompute, through the window pool too
+    small_cfg = dict(max_num_tokens=64, max_batch_size=16, page_size=PAGE, max_seq_len=128)
+    small = LLM(target=t, draft=d, draft_len_policy="fixed", **small_cfg,
+                kv_cache_bytes=main_block_budget(t, d, 40, **small_cfg))
+    assert small.engine.blocks.main.num_blocks == 40
+    probe = Probe(small.engine)
+    seqs = run_with_arrivals(small, reqs)
+    assert outputs(seqs) == alone
+    assert small.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
+    # the drafter's context survives preemption: the same drafts as alone, position by position
+    row = {s.seq_id: i for i, s in enumerate(seqs)}
+    compared = preempted = 0
+    for (sid, pos), dr in probe.drafts.items():
+        ref = alone_drafts.get((row[sid], pos))
+        if ref is None or not dr:
+            continue
+        n = min(len(dr), len(ref))
+        assert dr[:n] == ref[:n], f"request {row[sid]} drafted differently at position {pos}"
+        compared += 1
+        preempted += seqs[row[sid]].num_preemptions > 0
+    assert compared > 200 and preempted > 100, (compared, preempted)
+    assert sum(s.accepted for s in seqs) > 0  # drafts were accepted: multi-token commits under load
