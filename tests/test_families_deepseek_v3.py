@@ -148,7 +148,8 @@ def test_kimi_k2_config_runs_as_deepseek_v3(models, tmp_path):
 def engines(models, tmp_path_factory):
     root = tmp_path_factory.mktemp("deepseek_v3_engines")
     return families.build_engines(models["t"], models["d"], root,
-                                  {"bf16": [], "fp8": ["--quantization", "fp8", "--tp-size", "2", "--ep-size", "2"]})
+                                  {"bf16": [], "fp8": ["--quantization", "fp8", "--tp-size", "2", "--ep-size", "2",
+                                                       "--kv-cache-dtype", "fp8"]})
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8"])
@@ -163,6 +164,16 @@ def test_engines_build_and_run_losslessly(engines, name):
         yaml = f.read()
     ep = 2 if name == "fp8" else 1
     assert f"moe_expert_parallel_size: {ep}" in yaml
+    if name == "fp8":  # FP8 KV cache: ModelOpt writes k_scale / v_scale for MLA; our runtime keeps the model dtype
+        with open(os.path.join(e, "target", "hf_quant_config.json")) as f:
+            assert json.load(f)["quantization"]["kv_cache_quant_algo"] == "FP8"
+        for layer in range(4):
+            p = f"model.layers.{layer}.self_attn."
+            assert families.target_tensor(e, p + "k_proj.k_scale").numel() == 1
+            assert families.target_tensor(e, p + "v_proj.v_scale").numel() == 1
+        assert rec["kv_cache_dtype"] == "fp8"
+        k, _ = LLM(model=e, speculative=False, dtype="bfloat16", tp_size=1).engine.runner.target_caches[0]
+        assert k.dtype == torch.bfloat16
     ps = families.prompts(4, seed=2)
     assert families.assert_lossless(e, None, ps, max_tokens=16, draft_lens=(7,), dtype="bfloat16", tp_size=1) >= 0
 
@@ -173,3 +184,70 @@ def test_tensor_parallel_is_refused(models):
     with pytest.raises(DFlashError, match=msg) as e:
         LLM(target=models["t"], speculative=False, tp_size=2)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.xfail(strict=True, reason="builder/quantize.py loads a kimi_k2 checkpoint with DeepseekV3ForCausalLM"
+                   ".from_pretrained(config=DeepseekV3Config...): transformers applies its per-expert -> fused weight "
+                   "conversion by the checkpoint's model_type, so the routed experts load as MISSING (random init) "
+                   "and the FP8 export holds random experts")
+def test_kimi_k2_builds_in_fp8_with_its_own_experts(models, tmp_path):
+    """dflash-build's quantization of a model_type kimi_k2 checkpoint (read as DeepSeek-V3): every routed expert
+    of the export dequantises to the checkpoint's expert within fp8's precision."""
+    from safetensors.torch import load_file
+
+    kimi = copy_with(models["t"], tmp_path / "kimi", model_type="kimi_k2")
+    e = families.build_engines(kimi, models["d"], tmp_path, {"kimi_fp8": ["--quantization", "fp8"]})["kimi_fp8"]
+    with open(os.path.join(e, "engine.json")) as f:
+        assert json.load(f)["model_type"] == "deepseek_v3"
+    src = load_file(os.path.join(kimi, "model.safetensors"))
+    out = load_file(os.path.join(e, "target", "model.safetensors"))
+    for layer in (1, 3):
+        for x in range(8):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                k = f"model.layers.{layer}.mlp.experts.{x}.{proj}.weight"
+                assert out[k].dtype == torch.float8_e4m3fn
+                deq, ref = out[k].float() * out[k + "_scale"].float(), src[k].float()
+                rel = ((deq - ref).abs().max() / ref.abs().max()).item()
+                assert rel <= 1 / 16, (k, rel)  # a proper deepseek_v3 build: <= 0.05
+
+
+def test_mis_shaped_mla_weight_is_refused_by_the_builder(models, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.builder.cli import main as build
+
+    d = tmp_path / "bad"
+    shutil.copytree(models["t"], d)
+    w = load_file(str(d / "model.safetensors"))
+    k = "model.layers.0.self_attn.kv_b_proj.weight"
+    w[k] = w[k][:-1].contiguous()  # one row short: config.json implies [4 x (16 + 16), 32]
+    save_file(w, str(d / "model.safetensors"))
+    assert build(["--target", str(d), "--draft", models["d"], "--output", str(tmp_path / "e"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--target weight {k} has shape [127, 32], config.json implies [128, 32]" in err and err.count("\n") == 1
+
+
+def test_mtp_layers_are_ignored_and_kv_b_proj_is_dropped(models, tmp_path):
+    """A release's multi-token-prediction layer (num_nextn_predict_layers, model.layers.<L>.*) is not loaded: the
+    same tokens as without it. kv_b_proj is absorbed at load: its own parameter keeps no storage."""
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt import SamplingParams
+    from dflash_trt.loader import ModelPaths, load_models
+
+    d = tmp_path / "mtp"
+    shutil.copytree(models["t"], d)
+    w = load_file(str(d / "model.safetensors"))
+    for k in [k for k in w if k.startswith("model.layers.3.")]:
+        w[k.replace("model.layers.3.", "model.layers.4.")] = w[k].clone()
+    w["model.layers.4.eh_proj.weight"] = torch.randn(64, 128)
+    w["model.layers.4.enorm.weight"] = torch.ones(64)
+    save_file(w, str(d / "model.safetensors"))
+    families.tiny.edit_json(str(d / "config.json"), num_nextn_predict_layers=1)
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    ps = families.prompts(2, seed=4)
+    outs = [[o.token_ids for o in LLM(target=x, speculative=False).generate(ps, sp)] for x in (str(d), models["t"])]
+    assert outs[0] == outs[1]
+    m, _ = load_models(ModelPaths(str(d), None), TargetConfig.from_dir(str(d)), None, torch.float32, "cpu")
+    kv_b = [p for n, p in m.named_parameters() if "kv_b_proj" in n]
+    assert len(kv_b) == 4 and all(p.numel() == 0 for p in kv_b)
