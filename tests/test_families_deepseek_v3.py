@@ -251,3 +251,27 @@ def test_mtp_layers_are_ignored_and_kv_b_proj_is_dropped(models, tmp_path):
     m, _ = load_models(ModelPaths(str(d), None), TargetConfig.from_dir(str(d)), None, torch.float32, "cpu")
     kv_b = [p for n, p in m.named_parameters() if "kv_b_proj" in n]
     assert len(kv_b) == 4 and all(p.numel() == 0 for p in kv_b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interleaved_rope_is_transformers_bit_for_bit(models, dtype):
+    """rope_interleave: our fixed permutation then the rotate-half rope gives transformers' interleaved rope
+    (apply_rotary_pos_emb_interleave) bit for bit, for q and k: so are the dot products attention takes."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+    from dflash_trt.models.deepseek_v3 import MlaAttention
+    from dflash_trt.rope import RotaryTable, apply_rope
+
+    cfg = TargetConfig.from_dir(models["t"])
+    att = MlaAttention(cfg, 0)
+    r = cfg.mla.qk_rope_head_dim
+    assert att.rope_perm is not None and r == 8
+    g = torch.Generator().manual_seed(0)
+    t = 300
+    q, k = torch.randn(t, 4, r, generator=g).to(dtype), torch.randn(t, 1, r, generator=g).to(dtype)
+    cos, sin = RotaryTable(cfg.rope, r, t)(torch.arange(t), dtype)
+    ours = [apply_rope(x.index_select(-1, att.rope_perm), cos, sin) for x in (q, k)]
+    # transformers: [batch, heads, seq, dim] with cos/sin [batch, seq, dim]
+    ref = apply_rotary_pos_emb_interleave(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
+    for a, b in zip(ours, ref):
+        assert torch.equal(a, b[0].transpose(0, 1))
