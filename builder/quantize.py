@@ -11,10 +11,13 @@ transformers cannot reload these exports correctly, so nothing here reads them b
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import re
 import shutil
+import tempfile
 import warnings
 
 from .calib import TOKENIZER_FILES, Tokenize
@@ -83,6 +86,51 @@ def write_target_bf16(plan: BuildPlan, dst: str, progress: Progress) -> dict:
     return {"modelopt": None, "calibration": None}
 
 
+@contextlib.contextmanager
+def transformers_view(plan: BuildPlan):
+    """The directory transformers loads the target from. transformers picks its checkpoint -> model weight
+    conversion (DeepSeek-V3: per-expert tensors -> fused gate_up_proj / down_proj) by the config's model_type, and
+    has none for `kimi_k2` (the release ships remote code): loaded as is, Kimi K2's routed experts come out MISSING
+    and randomly initialised. So a kimi_k2 target is shown as what it is, a deepseek_v3 checkpoint: a temporary
+    directory whose config.json says so (without the remote-code auto_map) and whose other files are symlinks."""
+    raw = plan.target_raw or {}
+    if raw.get("model_type") != "kimi_k2":
+        yield plan.target
+        return
+    with tempfile.TemporaryDirectory(prefix="dflash-kimi-k2-as-deepseek-v3-") as tmp:
+        for name in os.listdir(plan.target):
+            if name != "config.json":
+                os.symlink(os.path.join(plan.target, name), os.path.join(tmp, name))
+        cfg = {k: v for k, v in raw.items() if k != "auto_map"}
+        cfg["model_type"] = "deepseek_v3"
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+        yield tmp
+
+
+def _extra_layer(name: str, num_layers: int) -> bool:
+    """A tensor of a layer past num_hidden_layers (DeepSeek-V3's multi-token-prediction layers): not part of the
+    model: transformers' own pattern ignores the release's (layer 61), and our runtime ignores them."""
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return m is not None and int(m.group(1)) >= num_layers
+
+
+def check_loading_info(plan: BuildPlan, info: dict, cls: str) -> None:
+    """Refuse to quantize a model transformers did not fill from the checkpoint: a missing weight is randomly
+    initialised (and would be exported as such), an unexpected one means the checkpoint was misread."""
+    layers = (plan.target_raw or {}).get("num_hidden_layers") or 0
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not _extra_layer(k, layers))
+    mismatched = sorted(str(k[0] if isinstance(k, (tuple, list)) else k) for k in info.get("mismatched_keys") or [])
+    problems = [f"{len(v)} {what} (e.g. {v[0]})" for what, v in (("missing", missing), ("unexpected", unexpected),
+                                                                ("mis-shaped", mismatched)) if v]
+    if problems:
+        raise BuildError(f"--target {plan.target} does not load cleanly into transformers' {cls} for quantization "
+                         f"({', '.join(problems)} weights): transformers would initialise the missing ones randomly "
+                         "and the export would hold them, so nothing was written (give a complete Hugging Face "
+                         "checkpoint whose tensor names match its model_type)")
+
+
 def _modelopt_config(mtq, quantization: str, kv_cache_dtype: str) -> dict:
     if quantization == "fp8":
         cfg = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
@@ -111,14 +159,10 @@ def write_target_modelopt(plan: BuildPlan, dst: str, texts: list[str], tokenize:
         from modelopt.torch.export import export_hf_checkpoint
 
         cuda = torch.cuda.is_available()
-        with progress.task("target: loading (bf16)"):
-            kw = {}
-            if (plan.target_raw or {}).get("model_type") == "kimi_k2":  # the release ships remote code only
-                from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-                AutoModelForCausalLM = DeepseekV3ForCausalLM  # noqa: N806
-                kw["config"] = DeepseekV3Config.from_pretrained(plan.target)
-            model = AutoModelForCausalLM.from_pretrained(plan.target, dtype=torch.bfloat16,
-                                                         device_map="auto" if cuda else None, **kw)
+        with progress.task("target: loading (bf16)"), transformers_view(plan) as path:
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, output_loading_info=True,
+                                                               device_map="auto" if cuda else None)
+            check_loading_info(plan, info, type(model).__name__)
             model.eval()
         if not getattr(model.config, "architectures", None):
             model.config.architectures = [plan.architecture]  # export_hf_checkpoint crashes without it

@@ -3,6 +3,7 @@ group-limited sigmoid-routed experts, first_k_dense_replace dense layers; logits
 engines, bad layouts."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -186,10 +187,6 @@ def test_tensor_parallel_is_refused(models):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="builder/quantize.py loads a kimi_k2 checkpoint with DeepseekV3ForCausalLM"
-                   ".from_pretrained(config=DeepseekV3Config...): transformers applies its per-expert -> fused weight "
-                   "conversion by the checkpoint's model_type, so the routed experts load as MISSING (random init) "
-                   "and the FP8 export holds random experts")
 def test_kimi_k2_builds_in_fp8_with_its_own_experts(models, tmp_path):
     """dflash-build's quantization of a model_type kimi_k2 checkpoint (read as DeepSeek-V3): every routed expert
     of the export dequantises to the checkpoint's expert within fp8's precision."""
@@ -199,6 +196,9 @@ def test_kimi_k2_builds_in_fp8_with_its_own_experts(models, tmp_path):
     e = families.build_engines(kimi, models["d"], tmp_path, {"kimi_fp8": ["--quantization", "fp8"]})["kimi_fp8"]
     with open(os.path.join(e, "engine.json")) as f:
         assert json.load(f)["model_type"] == "deepseek_v3"
+    with open(os.path.join(e, "target", "config.json")) as f:  # TensorRT-LLM's DeepSeek-V3 path, no remote code
+        cfg = json.load(f)
+    assert (cfg["model_type"], cfg["architectures"]) == ("deepseek_v3", ["DeepseekV3ForCausalLM"])
     src = load_file(os.path.join(kimi, "model.safetensors"))
     out = load_file(os.path.join(e, "target", "model.safetensors"))
     for layer in (1, 3):
@@ -209,6 +209,47 @@ def test_kimi_k2_builds_in_fp8_with_its_own_experts(models, tmp_path):
                 deq, ref = out[k].float() * out[k + "_scale"].float(), src[k].float()
                 rel = ((deq - ref).abs().max() / ref.abs().max()).item()
                 assert rel <= 1 / 16, (k, rel)  # a proper deepseek_v3 build: <= 0.05
+
+
+def test_quantization_refuses_weights_transformers_does_not_load(models, tmp_path, capsys):
+    """A weight transformers reports missing would be exported randomly initialised: the quantizing build stops
+    with one line naming it, before calibration, and writes nothing."""
+    pytest.importorskip("modelopt")
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.builder.cli import main as build
+
+    d = tmp_path / "bad"
+    shutil.copytree(models["t"], d)
+    w = load_file(str(d / "model.safetensors"))
+    k = "model.layers.2.post_attention_layernorm.weight"  # no header check covers it
+    del w[k]
+    save_file(w, str(d / "model.safetensors"))
+    out = tmp_path / "e"
+    assert build(["--target", str(d), "--draft", models["d"], "--output", str(out), "--quiet",
+                  "--quantization", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert f"for quantization (1 missing (e.g. {k}) weights)" in err and err.count("\n") == 1, err
+    assert not out.exists() and os.listdir(tmp_path) == ["bad"]  # nor a leftover temporary directory
+
+
+def test_loading_check_ignores_only_layers_past_the_model():
+    """transformers' loading report: missing / unexpected / mis-shaped weights are refused, except the tensors of
+    layers past num_hidden_layers (DeepSeek-V3's multi-token-prediction layer), which nothing loads."""
+    from dflash_trt.builder.errors import BuildError
+    from dflash_trt.builder.quantize import check_loading_info
+    from dflash_trt.builder.validate import BuildPlan
+
+    plan = BuildPlan(target="/t", draft="/d", output="/o", target_raw={"num_hidden_layers": 4})
+    ok = {"missing_keys": set(), "mismatched_keys": set(), "error_msgs": [],
+          "unexpected_keys": {"model.layers.4.eh_proj.weight", "model.layers.4.mlp.experts.down_proj"}}
+    check_loading_info(plan, ok, "DeepseekV3ForCausalLM")
+    for field, kind, key in (("unexpected_keys", "unexpected", "model.layers.3.mlp.experts.0.up_proj.weight"),
+                             ("missing_keys", "missing", "model.layers.3.mlp.experts.gate_up_proj"),
+                             ("mismatched_keys", "mis-shaped", "lm_head.weight")):
+        info = dict(ok, **{field: ok[field] | {key}})
+        with pytest.raises(BuildError, match=rf"for quantization \(1 {kind} \(e\.g\. {re.escape(key)}\) weights\)"):
+            check_loading_info(plan, info, "DeepseekV3ForCausalLM")
 
 
 def test_mis_shaped_mla_weight_is_refused_by_the_builder(models, tmp_path, capsys):
