@@ -5,6 +5,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from dflash_trt.config import SUPPORTED_TARGETS, DraftConfig, TargetConfig
@@ -210,6 +211,66 @@ def check_target_weights(plan: BuildPlan) -> None:
         if shapes[name][0] != shape:
             raise BuildError(f"--target weight {name} has shape {shapes[name][0]}, config.json implies {shape}: "
                              "config.json does not match the weights")
+    check_expert_tensors(plan)
+
+
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(.+)$")
+FUSED_KINDS = ("gate_up_proj", "down_proj")
+
+
+def check_expert_tensors(plan: BuildPlan) -> None:
+    """Every MoE layer's experts are in the safetensors (names only: headers, no weights read). A bf16 build never
+    loads the target, so a truncated checkpoint would otherwise build and fail only where it is served.
+
+    Fused layouts (gpt-oss, or transformers 5's in-memory layout): experts.gate_up_proj / experts.down_proj, each
+    in bf16 or as the MXFP4 release's `<name>_blocks` + `<name>_scales`, plus `<name>_bias` where the family has
+    expert biases. One-by-one layouts: experts.<e>.{gate,up,down}_proj.weight for every expert (and `.bias`).
+    The message names the missing tensor as this checkpoint would spell it."""
+    t, shapes = plan.tcfg, plan.target_shapes
+    moe = t.moe
+    if moe is None:
+        return
+    by_layer: dict[int, set] = {}
+    for name in shapes:
+        m = _EXPERT.match(name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), set()).add(m.group(2))
+    mxfp4 = ((plan.target_raw or {}).get("quantization_config") or {}).get("quant_method") == "mxfp4" or any(
+        n.endswith(("gate_up_proj_blocks", "down_proj_blocks")) for names in by_layer.values() for n in names)
+    for layer in range(t.num_hidden_layers):
+        if layer in moe.dense_layers:
+            continue
+        p = f"model.layers.{layer}.mlp.experts."
+        have = by_layer.get(layer, set())
+        missing = _missing_expert_tensor(t, have, mxfp4)
+        if missing is not None:
+            name, what = missing
+            raise BuildError(f"--target {plan.target} weights lack {p}{name} ({what}): a truncated or incomplete "
+                             "checkpoint (give a complete Hugging Face checkpoint)")
+
+
+def _missing_expert_tensor(t: TargetConfig, have: set, mxfp4: bool) -> tuple[str, str] | None:
+    """(name within `experts.`, description) of the first tensor a layer's experts lack, or None."""
+    moe = t.moe
+    fused = any(n.split(".")[0] in FUSED_KINDS or n.startswith(tuple(k + "_" for k in FUSED_KINDS)) for n in have)
+    per_expert = any(n.split(".")[0].isdigit() for n in have)
+    if per_expert or not (fused or t.model_type == "gpt_oss"):
+        for e in range(moe.num_experts):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                for part in ("weight", "bias") if moe.bias else ("weight",):
+                    if f"{e}.{proj}.{part}" not in have:
+                        return f"{e}.{proj}.{part}", f"expert {e} of {moe.num_experts}"
+        return None
+    for kind in FUSED_KINDS:
+        if kind + "_blocks" in have and kind + "_scales" not in have:
+            return kind + "_scales", f"the MXFP4 scales of {kind}_blocks"
+        if kind not in have and kind + "_blocks" not in have:
+            if mxfp4:
+                return kind + "_blocks", f"the fused expert weights, MXFP4 {kind}_blocks / {kind}_scales or bf16 {kind}"
+            return kind, f"the fused expert weights, bf16 {kind} or MXFP4 {kind}_blocks / {kind}_scales"
+        if moe.bias and kind + "_bias" not in have:
+            return kind + "_bias", f"the expert biases of {kind}"
+    return None
 
 
 def _attention_weights(t: TargetConfig) -> dict:
@@ -238,7 +299,7 @@ def _mlp_weights(t: TargetConfig, layer: int, shapes: dict) -> dict:
     if p + "experts.0.gate_proj.weight" in shapes or not any(n.startswith(p + "experts.") and n.count(".") == 5
                                                             for n in shapes):
         want[p + "experts.0.gate_proj.weight"] = [moe.intermediate_size, t.hidden_size]
-    return want  # fused expert tensors (gpt-oss, MXFP4) are checked when the runtime loads them
+    return want  # every MoE layer's expert tensors: check_expert_tensors
 
 
 def check_draft(plan: BuildPlan) -> None:

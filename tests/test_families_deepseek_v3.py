@@ -211,6 +211,24 @@ def test_kimi_k2_builds_in_fp8_with_its_own_experts(models, tmp_path):
                 assert rel <= 1 / 16, (k, rel)  # a proper deepseek_v3 build: <= 0.05
 
 
+def test_build_refuses_a_missing_routed_expert(models, tmp_path, capsys):
+    """Every MoE layer's experts are checked from the safetensors headers (a bf16 build never loads the target)."""
+    from safetensors.torch import load_file, save_file
+
+    from dflash_trt.builder.cli import main as build
+
+    d = tmp_path / "bad"
+    shutil.copytree(models["t"], d)
+    w = load_file(str(d / "model.safetensors"))
+    k = "model.layers.2.mlp.experts.5.up_proj.weight"  # a middle layer: the shape checks read layers 0 and 3
+    del w[k]
+    save_file(w, str(d / "model.safetensors"))
+    out = tmp_path / "e"
+    assert build(["--target", str(d), "--draft", models["d"], "--output", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"weights lack {k} (expert 5 of 8)" in err and err.count("\n") == 1 and not out.exists()
+
+
 def test_quantization_refuses_weights_transformers_does_not_load(models, tmp_path, capsys):
     """A weight transformers reports missing would be exported randomly initialised: the quantizing build stops
     with one line naming it, before calibration, and writes nothing."""

@@ -226,18 +226,42 @@ def test_bad_expert_weights_fail_clearly(models, tmp_path, edit, msg):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="builder/validate.py checks no fused expert tensor (`_mlp_weights`: 'checked "
-                   "when the runtime loads them'), and dflash-build never loads a bf16 target: the build succeeds")
-def test_build_refuses_a_missing_fused_expert_tensor(models, tmp_path, capsys):
+def _without(*names, mxfp4=False):
+    """An edit of the state dict: (the MXFP4 release's layout, then) drop names."""
+    def edit(w):
+        if mxfp4:
+            m = _mxfp4(w)
+            w.clear()
+            w.update(m)
+        for n in names:
+            del w[n]
+    return edit
+
+
+@pytest.mark.parametrize("edit,missing", [
+    (_without(E + "down_proj"), E + "down_proj"),
+    (_without(E + "gate_up_proj"), E + "gate_up_proj"),
+    (_without(E + "down_proj_bias"), E + "down_proj_bias"),
+    (_without(E + "down_proj_scales", mxfp4=True), E + "down_proj_scales"),
+    (_without(E + "gate_up_proj_blocks", E + "gate_up_proj_scales", mxfp4=True), E + "gate_up_proj_blocks"),
+], ids=["no_down_proj", "no_gate_up_proj", "no_bias", "mxfp4_no_scales", "mxfp4_no_gate_up_proj"])
+def test_build_refuses_a_missing_fused_expert_tensor(models, tmp_path, capsys, edit, missing):
+    """dflash-build checks every MoE layer's fused expert tensors from the safetensors headers (a bf16 build never
+    loads the target): one line naming the tensor as this checkpoint spells it, exit 2, no output directory."""
     from dflash_trt.builder.cli import main as build
 
     d = tmp_path / "bad"
     shutil.copytree(models["t"], d)
     w = load_file(str(d / "model.safetensors"))
-    del w[E + "down_proj"]
-    save_file(w, str(d / "model.safetensors"))
-    rc = build(["--target", str(d), "--draft", models["d"], "--output", str(tmp_path / "e"), "--quiet"])
-    assert rc == 2 and E + "down_proj" in capsys.readouterr().err
+    edit(w)
+    save_file({k: v.contiguous() for k, v in w.items()}, str(d / "model.safetensors"))
+    if any(k.endswith("_blocks") for k in w):
+        tiny.edit_json(str(d / "config.json"), quantization_config={"quant_method": "mxfp4"})
+    out = tmp_path / "e"
+    rc = build(["--target", str(d), "--draft", models["d"], "--output", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"weights lack {missing} (" in err and err.count("\n") == 1, err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("change,msg", [
