@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 
 from . import FORMAT_VERSION, trtllm
@@ -166,6 +167,8 @@ def build_engine(plan: BuildPlan, progress: Progress | None = None) -> dict:
     """Validate, then write the engine directory. Returns the engine.json record."""
     progress = progress or Progress(enabled=False)
     validate_plan(plan)
+    for line in plan.warnings:
+        sys.stderr.write(f"warning: {line}\n")
     tokenize = None
     if plan.uses_modelopt:  # the tokenizer is loaded (and checked) before any heavy work
         tokenize = Tokenize(plan.target, plan.tcfg.vocab_size, plan.calib_max_tokens)

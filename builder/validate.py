@@ -15,6 +15,10 @@ QUANTIZATIONS = ("bf16", "fp8", "nvfp4")
 KV_CACHE_DTYPES = ("auto", "fp8")
 MAX_TP = 8
 SUPPORTED_DRAFT_TYPES = ("qwen3", "llama")  # TensorRT-LLM resolves the drafter decoder by model_type
+# DFlash drafters released with another model_type: z-lab/gpt-oss-20b-DFlash's config.json (DFlashDraftModel) says
+# "gpt_oss", a config derived from the target's. The weights are the usual Qwen3-style drafter, which our runtime
+# builds whatever model_type says; TensorRT-LLM falls back on model_type and would build the target's architecture.
+QWEN3_STYLE_DRAFT_TYPES = ("gpt_oss",)
 NVFP4_GROUP = 16
 
 
@@ -42,6 +46,7 @@ class BuildPlan:
     target_shapes: dict = field(default_factory=dict, repr=False)
     calib_texts: list | None = field(default=None, repr=False)
     architecture: str = ""
+    warnings: list = field(default_factory=list)  # one line each, printed by the build (even with --quiet)
 
     @property
     def uses_modelopt(self) -> bool:
@@ -305,7 +310,14 @@ def _mlp_weights(t: TargetConfig, layer: int, shapes: dict) -> dict:
 def check_draft(plan: BuildPlan) -> None:
     d = plan.dcfg
     model_type = d.raw.get("model_type")
-    if model_type not in SUPPORTED_DRAFT_TYPES:
+    if model_type in QWEN3_STYLE_DRAFT_TYPES and "DFlashDraftModel" in (d.raw.get("architectures") or []):
+        fallback = "".join(w.capitalize() for w in model_type.split("_")) + "ForCausalLM"  # TensorRT-LLM's rule
+        plan.warnings.append(
+            f"--draft model_type {model_type!r} (as z-lab's gpt-oss drafters ship it) names the target's "
+            "architecture, not the drafter's Qwen3-style decoder: dflash-serve runs this engine, but TensorRT-LLM "
+            f"picks the drafter decoder by model_type and would build {fallback}; for trtllm-serve, rebuild from a "
+            'copy of the drafter whose config.json says "model_type": "qwen3" (same weights)')
+    elif model_type not in SUPPORTED_DRAFT_TYPES:
         raise BuildError(f"--draft model_type {model_type!r} is not supported by TensorRT-LLM's DFlash drafter "
                          f"loader: it needs a {' or '.join(SUPPORTED_DRAFT_TYPES)} decoder config (z-lab format)")
     if d.raw.get("quantization_config"):

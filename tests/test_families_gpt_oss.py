@@ -38,18 +38,33 @@ RELEASE_ROPE = {"rope_theta": 150000.0, "max_position_embeddings": 131072,
                 "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}}
 
 
-def gpt_oss_drafter(path, target):
+def gpt_oss_drafter(path, target, **over):
     """The gpt-oss drafter conventions (RELEASE_ROPE, attention biases, block size 8, the mask id nested in
     dflash_config), plus a sliding-window layer (use_sliding_window: the reference's Qwen3Config drops
-    sliding_window without it)."""
+    sliding_window without it). over: config.json entries to change."""
     d = families.drafter_for(path, target, block_size=8, extra={
         **RELEASE_ROPE, "attention_bias": True, "layer_types": ["sliding_attention", "full_attention"],
-        "sliding_window": WINDOW, "use_sliding_window": True})
+        "sliding_window": WINDOW, "use_sliding_window": True, **over})
     w = load_file(os.path.join(d, "model.safetensors"))
     g = torch.Generator().manual_seed(7)
     for k in [k for k in w if k.endswith("_proj.weight") and ".self_attn." in k]:
         w[k[:-len("weight")] + "bias"] = torch.randn(w[k].shape[0], generator=g) * 0.05
     save_file(w, os.path.join(d, "model.safetensors"))
+    return d
+
+
+def gpt_oss_release_drafter(path, target):
+    """gpt_oss_drafter with config.json laid out as z-lab/gpt-oss-20b-DFlash ships it (a verbatim copy of the
+    release's config.json, dated 2026-04-20, in Osaurus' DFlashDrafterForwardTests.swift): architectures
+    DFlashDraftModel but model_type "gpt_oss" with the target's initial_context_length (a config derived from the
+    target's GptOssConfig), every layer full attention, no num_target_layers."""
+    d = gpt_oss_drafter(path, target, model_type="gpt_oss", initial_context_length=4096,
+                        layer_types=["full_attention"] * 2, use_sliding_window=False)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    del cfg["num_target_layers"]
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
     return d
 
 
@@ -262,6 +277,31 @@ def test_build_refuses_a_missing_fused_expert_tensor(models, tmp_path, capsys, e
     err = capsys.readouterr().err
     assert rc == 2 and f"weights lack {missing} (" in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_release_drafter_saying_model_type_gpt_oss(models, tmp_path, capsys):
+    """The release's drafter config says model_type "gpt_oss": dflash-build accepts it and ships it as released,
+    with ONE warning line (TensorRT-LLM picks the drafter decoder by model_type and would build GptOssForCausalLM);
+    the engine runs it as the Qwen3-style drafter it is (DFlash == AR, drafts accepted). The same drafter saying
+    qwen3 builds without a word."""
+    from dflash_trt.builder.cli import main as build
+
+    d = gpt_oss_release_drafter(str(tmp_path / "d"), models["t"])
+    validate_pair(TargetConfig.from_dir(models["t"]), DraftConfig.from_dir(d), max_draft_len=7)
+    e = tmp_path / "e"
+    assert build(["--target", models["t"], "--draft", d, "--output", str(e), "--quiet", "--max-seq-len", "512"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --draft model_type 'gpt_oss'") and err.count("\n") == 1, err
+    assert "would build GptOssForCausalLM" in err and '"model_type": "qwen3"' in err
+    with open(e / "draft" / "config.json") as f:
+        assert json.load(f)["model_type"] == "gpt_oss"  # shipped as released
+    assert families.assert_lossless(str(e), None, families.prompts(3, seed=5), max_tokens=12, draft_lens=(7,)) > 0
+    q = tmp_path / "q"
+    shutil.copytree(d, q)
+    tiny.edit_json(str(q / "config.json"), model_type="qwen3")
+    assert build(["--target", models["t"], "--draft", str(q), "--output", str(tmp_path / "e2"), "--quiet",
+                  "--max-seq-len", "512"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("change,msg", [
