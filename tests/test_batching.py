@@ -71,6 +71,36 @@ def run_with_arrivals(llm, reqs, aborts=None):
     return [seqs[i] for i in range(len(reqs))]
 
 
+def alone_with_drafts(t, d, reqs, **engine):
+    """Each request alone (fixed K): its tokens, and its drafts keyed by (request index, position)."""
+    solo = LLM(target=t, draft=d, draft_len_policy="fixed", **engine)
+    probe = Probe(solo.engine)
+    index, tokens = {}, []
+    for i, (p, sp, _) in enumerate(reqs):
+        seq = solo.engine.add_request(p, sp)
+        index[seq.seq_id] = i
+        while solo.engine.has_unfinished():
+            solo.engine.step()
+        tokens.append(seq.output_ids)
+    return tokens, {(index[sid], pos): dr for (sid, pos), dr in probe.drafts.items()}
+
+
+def same_drafts(probe, alone_drafts, seqs) -> tuple[int, int]:
+    """Asserts every draft under load equals the one made alone at the same position (the shorter a prefix of
+    the longer: the row budget may cut K); returns (positions compared, those of preempted requests)."""
+    row = {s.seq_id: i for i, s in enumerate(seqs)}
+    compared = preempted = 0
+    for (sid, pos), dr in probe.drafts.items():
+        ref = alone_drafts.get((row[sid], pos))
+        if ref is None or not dr:
+            continue
+        n = min(len(dr), len(ref))
+        assert dr[:n] == ref[:n], f"request {row[sid]} drafted differently at position {pos}"
+        compared += 1
+        preempted += seqs[row[sid]].num_preemptions > 0
+    return compared, preempted
+
+
 def outputs(seqs):
     return [s.output_ids for s in seqs]
 
@@ -102,25 +132,8 @@ def test_lossless_under_load_with_chunking_and_preemption(pair, spec):
     assert outputs(seqs) == alone
     assert small.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
     if spec:  # the drafter's context survives preemption and recompute: the same drafts as alone, position by position
-        solo = LLM(target=t, draft=d, draft_len_policy="fixed")
-        solo_probe = Probe(solo.engine)
-        index = {}
-        for i, (p, sp, _) in enumerate(reqs):
-            seq = solo.engine.add_request(p, sp)
-            index[seq.seq_id] = i
-            while solo.engine.has_unfinished():
-                solo.engine.step()
-        solo_drafts = {(index[sid], pos): dr for (sid, pos), dr in solo_probe.drafts.items()}
-        row = {s.seq_id: i for i, s in enumerate(seqs)}
-        compared = preempted = 0
-        for (sid, pos), dr in probe.drafts.items():
-            ref = solo_drafts.get((row[sid], pos))
-            if ref is None or not dr:
-                continue
-            n = min(len(dr), len(ref))
-            assert dr[:n] == ref[:n], f"request {row[sid]} drafted differently at position {pos}"
-            compared += 1
-            preempted += seqs[row[sid]].num_preemptions > 0
+        _, solo = alone_with_drafts(t, d, reqs)
+        compared, preempted = same_drafts(probe, solo, seqs)
         assert compared > 200 and preempted > 50
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import families
 from dflash_trt import LLM, SamplingParams
-from test_batching import Probe, outputs, run_with_arrivals, workload
+from test_batching import Probe, alone_with_drafts, outputs, run_with_arrivals, same_drafts, workload
 
 PAGE = 4
 
@@ -62,20 +62,6 @@ def family_workload(window: int, n: int = 16, seed: int = 0):
             for p, sp, at in workload(n, seed)]
 
 
-def alone_with_drafts(t, d, reqs):
-    """Each request alone: its tokens, and its drafts keyed by (request index, position)."""
-    solo = LLM(target=t, draft=d, draft_len_policy="fixed", page_size=PAGE)
-    probe = Probe(solo.engine)
-    index, tokens = {}, []
-    for i, (p, sp, _) in enumerate(reqs):
-        seq = solo.engine.add_request(p, sp)
-        index[seq.seq_id] = i
-        while solo.engine.has_unfinished():
-            solo.engine.step()
-        tokens.append(seq.output_ids)
-    return tokens, {(index[sid], pos): dr for (sid, pos), dr in probe.drafts.items()}
-
-
 def main_block_budget(t, d, pages, **engine):
     """kv_cache_bytes for `pages` main-pool blocks of this engine layout (target layers in the main pool plus the
     drafter's), on top of the window pool the engine sizes itself. Read from an engine's own caches, so MLA's
@@ -94,7 +80,7 @@ def main_block_budget(t, d, pages, **engine):
 def test_lossless_under_load_with_chunking_and_preemption(pairs, name):
     t, d, window = pairs(name)
     reqs = family_workload(window)
-    alone, alone_drafts = alone_with_drafts(t, d, reqs)
+    alone, alone_drafts = alone_with_drafts(t, d, reqs, page_size=PAGE)
     assert sum(len(a) for a in alone) > 16 * 2 * max(window, 8) * 0.9
     # tight budgets: 40 rows per iteration (chunked prefill mixed with verify blocks), at most 4 running
     loaded = LLM(target=t, draft=d, draft_len_policy="fixed", max_num_tokens=40, max_batch_size=4,
@@ -116,15 +102,6 @@ def test_lossless_under_load_with_chunking_and_preemption(pairs, name):
     assert outputs(seqs) == alone
     assert small.engine.scheduler.num_preemptions > 0, "the small cache was meant to force preemption"
     # the drafter's context survives preemption: the same drafts as alone, position by position
-    row = {s.seq_id: i for i, s in enumerate(seqs)}
-    compared = preempted = 0
-    for (sid, pos), dr in probe.drafts.items():
-        ref = alone_drafts.get((row[sid], pos))
-        if ref is None or not dr:
-            continue
-        n = min(len(dr), len(ref))
-        assert dr[:n] == ref[:n], f"request {row[sid]} drafted differently at position {pos}"
-        compared += 1
-        preempted += seqs[row[sid]].num_preemptions > 0
+    compared, preempted = same_drafts(probe, alone_drafts, seqs)
     assert compared > 200 and preempted > 100, (compared, preempted)
     assert sum(s.accepted for s in seqs) > 0  # drafts were accepted: multi-token commits under load

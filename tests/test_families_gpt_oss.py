@@ -216,6 +216,18 @@ def _mxfp4(w):
 E = "model.layers.1.mlp.experts."
 
 
+def edited_target(models, tmp_path, edit):
+    """A copy of the test target whose weights `edit` changed in place (MXFP4 tensors: config says so)."""
+    d = tmp_path / "bad"
+    shutil.copytree(models["t"], d)
+    w = load_file(str(d / "model.safetensors"))
+    edit(w)
+    save_file({k: v.contiguous() for k, v in w.items()}, str(d / "model.safetensors"))
+    if any(k.endswith("_blocks") for k in w):
+        tiny.edit_json(str(d / "config.json"), quantization_config={"quant_method": "mxfp4"})
+    return d
+
+
 @pytest.mark.parametrize("edit,msg", [
     (lambda w: w.pop(E + "gate_up_proj_bias"), r"experts\.gate_up_proj has no model\.layers\.1\.\S+_proj_bias"),
     (lambda w: w.update({E + "down_proj": w[E + "down_proj"][0]}), r"unsupported MoE layout: .*down_proj has shape"),
@@ -229,13 +241,7 @@ def test_bad_expert_weights_fail_clearly(models, tmp_path, edit, msg):
     """Weight-level layout errors name the tensor the user's checkpoint has (or lacks), on one line."""
     from dflash_trt import LLM
 
-    d = tmp_path / "bad"
-    shutil.copytree(models["t"], d)
-    w = load_file(str(d / "model.safetensors"))
-    edit(w)
-    save_file({k: v.contiguous() for k, v in w.items()}, str(d / "model.safetensors"))
-    if any(k.endswith("_blocks") for k in w):
-        tiny.edit_json(str(d / "config.json"), quantization_config={"quant_method": "mxfp4"})
+    d = edited_target(models, tmp_path, edit)
     with pytest.raises(CheckpointError, match=msg) as e:
         LLM(target=str(d), speculative=False)
     assert "\n" not in str(e.value)
@@ -265,13 +271,7 @@ def test_build_refuses_a_missing_fused_expert_tensor(models, tmp_path, capsys, e
     loads the target): one line naming the tensor as this checkpoint spells it, exit 2, no output directory."""
     from dflash_trt.builder.cli import main as build
 
-    d = tmp_path / "bad"
-    shutil.copytree(models["t"], d)
-    w = load_file(str(d / "model.safetensors"))
-    edit(w)
-    save_file({k: v.contiguous() for k, v in w.items()}, str(d / "model.safetensors"))
-    if any(k.endswith("_blocks") for k in w):
-        tiny.edit_json(str(d / "config.json"), quantization_config={"quant_method": "mxfp4"})
+    d = edited_target(models, tmp_path, edit)
     out = tmp_path / "e"
     rc = build(["--target", str(d), "--draft", models["d"], "--output", str(out), "--quiet"])
     err = capsys.readouterr().err
