@@ -20,7 +20,7 @@ from .models.target import pack_linears
 from .quantized import is_quantized
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence, Status
+from .sequence import Sequence
 
 
 @dataclass

@@ -119,3 +119,13 @@ def target_tensor(engine: str, name: str) -> torch.Tensor:
             if name in h.keys():
                 return h.get_tensor(name)
     raise KeyError(name)
+
+
+def assert_tp_refused(target: str, model_type: str) -> None:
+    """Tensor parallelism covers dense Llama/Qwen3 only: other families get one line naming their type."""
+    import pytest
+
+    from dflash_trt.errors import DFlashError
+    with pytest.raises(DFlashError, match=f"tensor parallelism supports dense Llama/Qwen3 targets, not {model_type}") as e:
+        LLM(target=target, speculative=False, tp_size=2)
+    assert "\n" not in str(e.value)

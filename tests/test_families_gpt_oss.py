@@ -387,9 +387,4 @@ def check_fp8_experts(src_dir, engine):
 
 
 def test_tensor_parallel_is_refused(models):
-    from dflash_trt import LLM
-    from dflash_trt.errors import DFlashError
-    msg = r"tensor parallelism supports dense Llama/Qwen3 targets, not gpt_oss"
-    with pytest.raises(DFlashError, match=msg) as e:
-        LLM(target=models["t"], speculative=False, tp_size=2)
-    assert "\n" not in str(e.value)
+    families.assert_tp_refused(models["t"], "gpt_oss")

@@ -1,7 +1,6 @@
 """FP8 targets on CPU keep their weights in FP8: the e4m3 kernel is bitwise the fp32 kernel on the dequantised
 weight (every SIMD path), and an FP8 engine decodes the same tokens from a quarter of the weight bytes."""
 import importlib.util
-import os
 
 import pytest
 import torch
