@@ -126,9 +126,7 @@ class LLM:
             accepted=seq.accepted, tau=seq.tau, acceptance_rate=seq.accepted / seq.drafted if seq.drafted else 0.0,
             trace=seq.trace,
             ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
-            latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time,
-            tpot=(seq.finish_time - seq.first_token_time) / (seq.num_output - 1)
-            if seq.finish_time is not None and seq.first_token_time is not None and seq.num_output > 1 else None)
+            latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time, tpot=seq.tpot)
 
     def _postprocess(self, outs: list[StepOutput]) -> None:
         for o in outs:

@@ -80,6 +80,13 @@ class Sequence:
         return self.status == Status.FINISHED
 
     @property
+    def tpot(self) -> float | None:
+        """Mean seconds per output token after the first (None until finished with two or more tokens)."""
+        if self.finish_time is None or self.first_token_time is None or self.num_output < 2:
+            return None
+        return (self.finish_time - self.first_token_time) / (self.num_output - 1)
+
+    @property
     def tau(self) -> float:
         """Mean tokens committed per speculative step (accepted drafts + bonus)."""
         return (self.accepted + self.steps) / self.steps if self.steps else 0.0
