@@ -4,8 +4,12 @@
 
 The target answers the first --num prompts greedily once (our AR path, chat template, EOS ignored as
 dflash-bench does; cached under ~/.cache/dflash_trt/tau_eval); then every drafter is scored on that text with
-all its blocks teacher-forced: tau = 1 + mean accepted drafts at draft length K (block size - 1 unless --k).
-That is what greedy DFlash decoding at a fixed K measures, without the wall-clock noise. The prompts are an
+all its blocks teacher-forced at draft length K (block size - 1 unless --k). Two figures:
+- decode tau: tokens per step along the anchors greedy decoding at a fixed K visits (each block starts right
+  after the previous one's bonus token). The drafts are token-identical to the engine's, so this is what
+  `dflash-bench --draft-lens K` measures, without the wall-clock noise;
+- uniform tau: 1 + mean accepted drafts over every anchor, the training distribution. It is higher: decoding
+  anchors follow a token the drafter got wrong, where the text is harder than average. The prompts are an
 EVALUATION set: this script only measures, nothing here feeds training.
 """
 from __future__ import annotations
@@ -61,6 +65,7 @@ def main() -> int:
     from dflash_trt.builder.training.trainer import evaluate
     from dflash_trt.checkpoint import load_state_dict
     from dflash_trt.config import DraftConfig, TargetConfig
+    from dflash_trt.draft_vocab import load_draft_vocab
     from dflash_trt.embedded import ensure_target
     from dflash_trt.loader import ModelPaths, load_models
     from dflash_trt.models.draft import DFlashDrafter
@@ -76,9 +81,9 @@ def main() -> int:
     embed_w, head_w = tmodel.model.embed_tokens.weight.detach(), tmodel.head_weight.detach()
     feats: dict[tuple, list[dict]] = {}
     n_tok = sum(len(r["output_ids"]) for r in recs)
-    print(f"| drafter | {args.dataset} tau (teacher-forced, {len(recs)} prompts, {n_tok} answer tokens"
-          f"{', to EOS' if args.respect_eos else ''}) | loss |")
-    print("|---|---|---|")
+    print(f"| drafter | {args.dataset} decode tau (teacher-forced, {len(recs)} prompts, {n_tok} answer tokens"
+          f"{', to EOS' if args.respect_eos else ''}) | uniform tau | loss |")
+    print("|---|---|---|---|")
     for d in args.drafters:
         dcfg = DraftConfig.from_dir(d, num_target_layers=tcfg.num_hidden_layers)
         layers = tuple(dcfg.target_layer_ids)
@@ -89,8 +94,10 @@ def main() -> int:
         drafter = DFlashDrafter(dcfg)
         drafter.load_weights(load_state_dict(d, "drafter"), torch.float32)
         k = args.k or dcfg.block_size - 1
-        tau, loss = evaluate(drafter, embed_w, head_w, feats[layers], k)
-        print(f"| {d} | {tau:.3f} (K={k}) | {loss:.3f} |", flush=True)
+        vocab = load_draft_vocab(d, head_w.shape[0])  # our runtime drafts from it
+        tau, loss, tau_decode = evaluate(drafter, embed_w, head_w, feats[layers], k, anchors_per_seq=1 << 30,
+                                         vocab=vocab)
+        print(f"| {d} | {tau_decode:.3f} (K={k}) | {tau:.3f} | {loss:.3f} |", flush=True)
     return 0
 
 

@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     from ..loader import ModelPaths, load_models
     from ..models.draft import DFlashDrafter
     from .training.features import build_feature_shards, load_shard, read_records
-    from .training.trainer import TrainConfig, Trainer, label_vocab
+    from .training.trainer import TrainConfig, Trainer
 
     target_dir = args.target
     if target_dir is None:
@@ -142,8 +142,7 @@ def main(argv=None) -> int:
     if args.resume:
         trainer.resume()
     final = os.path.join(out, "drafter")
-    vocab = None if args.full_head else label_vocab(train_seqs, tcfg.vocab_size)[0]
-    trainer.run(lambda d: export_drafter(d, final, vocab=vocab), eval_seqs)
+    trainer.run(lambda d: export_drafter(d, final, vocab=trainer.vocab), eval_seqs)
     log(f"drafter written to {final}")
     return 0
 

@@ -64,6 +64,8 @@ def test_training_learns_and_exports(tmp_path):
     tau_u = sum(o.accepted + o.steps for o in untrained) / sum(o.steps for o in untrained)
     assert tau_t > tau_u + 0.08, (tau_t, tau_u)
     assert [o.token_ids for o in trained] == [o.token_ids[:32] for o in outs[:3]]  # still lossless
+    tau_decode = check_decode_walk(t, d, heldout, tmp_path)
+    assert tau_decode > 1.2, "multi-token runs, or the walk's identity with the engine means little"
 
 
 def _tiny_run_inputs(tmp_path):
@@ -258,3 +260,59 @@ def test_prompts_past_the_first_8000_add_code_stubs_and_open_requests_without_ch
             stub = p["prompt"].split("```python\n")[-1].split("```")[0]
             assert stub.startswith("def ")
             compile(stub + "    pass\n", "<stub>", "exec")
+
+
+def check_decode_walk(t: str, d: str, prompts: list[list[int]], tmp_path, k: int = 5, n_out: int = 40) -> float:
+    """evaluate's decode tau walks the teacher-forced blocks the way decoding does: the anchors it visits are the
+    engine's, with the engine's drafts, so its tau is the engine's tau at that K (not the uniform-anchor tau).
+    Returns that tau."""
+    from test_batching import Probe
+
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.builder.training.features import build_feature_shards, load_shard
+    from dflash_trt.builder.training.trainer import (accepted_lengths, block_labels, choose_anchors, decode_anchors,
+                                                     draft_rows, evaluate)
+    from dflash_trt.checkpoint import load_state_dict
+    from dflash_trt.config import DraftConfig, TargetConfig
+    from dflash_trt.draft_vocab import load_draft_vocab
+    from dflash_trt.loader import ModelPaths, load_models
+    from dflash_trt.models.draft import DFlashDrafter
+
+    llm = LLM(target=t, draft=d, draft_len_policy="fixed", draft_len_schedule={1: k})
+    probe = Probe(llm.engine)
+    sp = SamplingParams(max_tokens=n_out, ignore_eos=True)
+    seqs = [llm.engine.add_request(p, sp) for p in prompts]
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    recs = [{"id": i, "prompt_ids": p, "output_ids": s.token_ids[len(p):]} for i, (p, s) in enumerate(zip(prompts, seqs))]
+    tcfg = TargetConfig.from_dir(t)
+    dcfg = DraftConfig.from_dir(d, num_target_layers=tcfg.num_hidden_layers)
+    shards = build_feature_shards(t, recs, list(dcfg.target_layer_ids), str(tmp_path / "f"), log=lambda *_: None)
+    feats = [x for p in shards for x in load_shard(p)]
+    tmodel, _ = load_models(ModelPaths(t, None), tcfg, None, torch.float32, "cpu")
+    embed_w, head_w = tmodel.model.embed_tokens.weight.detach(), tmodel.head_weight.detach()
+    drafter = DFlashDrafter(dcfg)
+    drafter.load_weights(load_state_dict(d, "drafter"), torch.float32)
+    vocab = load_draft_vocab(d, head_w.shape[0])  # the engine drafts from it
+    steps = tokens = 0
+    for s, f, p in zip(seqs, feats, prompts):
+        anchors = choose_anchors(f["prompt_len"], f["ids"].numel(), 1 << 20, None)
+        with torch.no_grad():
+            h = draft_rows(drafter, embed_w, f["ids"], f["features"], anchors)
+            labels = block_labels(f["ids"], anchors, dcfg.block_size)
+            rows = vocab if vocab is not None else torch.arange(head_w.shape[0])
+            drafts = rows[(h @ head_w[rows].T).argmax(-1)]
+            correct = (drafts == labels) & (labels != -100)
+        runs = accepted_lengths(correct, k)
+        visited = [len(p) + i for i in decode_anchors(runs)]
+        engine = sorted(pos for (sid, pos) in probe.drafts if sid == s.seq_id)
+        # the engine caps K by the tokens left near max_tokens: compare the blocks before that
+        full = [a for a in engine if a + k + 1 < len(p) + n_out]
+        assert full and visited[:len(full)] == full
+        for a in full:
+            assert probe.drafts[(s.seq_id, a)] == drafts[a - len(p), :k].tolist()
+        steps += len(visited)
+        tokens += sum(int(runs[a - len(p)]) + 1 for a in visited)
+    _, _, tau_decode = evaluate(drafter, embed_w, head_w, feats, k, vocab=vocab)
+    assert abs(tau_decode - tokens / steps) < 1e-9
+    return tau_decode

@@ -7,7 +7,7 @@ Only fc, hidden_norm, the layers and norm train; the target's embedding and head
 
 On a CPU the frozen head dominates a step (49K rows for SmolLM2), so training scores only the head rows of
 tokens the training labels use (`label_vocab`): self-distilled answers use a few thousand distinct tokens. The
-held-out tau is always measured with the full head, as decoding uses it.
+held-out tau drafts from those rows too, as decoding does with the exported draft_vocab.json.
 """
 from __future__ import annotations
 
@@ -167,11 +167,27 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * p))
 
 
+def decode_anchors(runs: torch.Tensor) -> list[int]:
+    """The blocks greedy decoding visits. runs[i] is the accepted length of the block anchored at the i-th answer
+    position (consecutive anchors from the first answer token); decoding anchors its next block right after the
+    bonus token, so it visits only blocks that follow a rejection. Those sit after a token the drafter got wrong
+    and are harder than average: tau along this path is what decoding measures (the drafts are the engine's,
+    tests/test_train.py), tau over uniform anchors overstates it."""
+    out, i, runs = [], 0, runs.tolist()
+    while i < len(runs):
+        out.append(i)
+        i += runs[i] + 1
+    return out
+
+
 @torch.no_grad()
-def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anchors_per_seq: int = 256):
-    """Held-out (tau, loss). tau is teacher-forced greedy acceptance: on the target's own greedy text it
-    equals what DFlash decoding measures."""
-    acc, n, loss_sum = 0.0, 0, 0.0
+def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anchors_per_seq: int = 256,
+             vocab: torch.Tensor | None = None):
+    """Held-out (tau, loss, decode tau) at draft length max_draft_len, greedy, teacher-forced; drafts are chosen
+    among the `vocab` rows of the head when given, as our runtime does with a draft_vocab.json. tau averages
+    over random anchors (the training distribution); decode tau follows decoding's own anchors (decode_anchors),
+    which needs every anchor: a sequence with more than anchors_per_seq candidates is left out of it."""
+    acc, n, loss_sum, d_steps, d_tokens = 0.0, 0, 0.0, 0, 0
     for s in seqs:
         anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), anchors_per_seq, torch.Generator().manual_seed(0))
         if anchors.numel() == 0:
@@ -180,10 +196,17 @@ def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anc
         labels = block_labels(s["ids"], anchors, drafter.cfg.block_size)
         loss, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size),
                                    drafter.cfg.output_multiplier)
-        acc += accepted_lengths(correct, max_draft_len).float().sum().item()
+        if vocab is not None:
+            pred = vocab[(h @ head_w[vocab].T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
+            correct = (pred == labels) & (labels != -100)
+        runs = accepted_lengths(correct, max_draft_len)
+        acc += runs.float().sum().item()
         loss_sum += loss.item() * anchors.numel()
         n += anchors.numel()
-    return 1.0 + acc / max(n, 1), loss_sum / max(n, 1)
+        if anchors.numel() == s["ids"].numel() - 1 - s["prompt_len"]:  # every anchor
+            visited = decode_anchors(runs)
+            d_steps, d_tokens = d_steps + len(visited), d_tokens + int(runs[visited].sum()) + len(visited)
+    return 1.0 + acc / max(n, 1), loss_sum / max(n, 1), d_tokens / max(d_steps, 1)
 
 
 class Trainer:
@@ -199,11 +222,12 @@ class Trainer:
         self.weights = position_weights(drafter.cfg.block_size)
         self.rng = random.Random(cfg.seed)
         self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.lut = None
+        self.lut = self.vocab = None  # vocab: what the exported draft_vocab.json holds (decoding drafts from it)
         if not cfg.full_head:
-            vocab, self.lut = label_vocab(train_seqs, head_w.shape[0])
-            self.train_head = head_w[vocab].contiguous()
-            log(f"training loss over {vocab.numel()} of {head_w.shape[0]} vocabulary rows (tokens the labels use)")
+            self.vocab, self.lut = label_vocab(train_seqs, head_w.shape[0])
+            self.train_head = head_w[self.vocab].contiguous()
+            log(f"training loss over {self.vocab.numel()} of {head_w.shape[0]} vocabulary rows "
+                "(tokens the labels use)")
         else:
             self.train_head = head_w
 
@@ -264,10 +288,11 @@ class Trainer:
         session_end = time.time() + cfg.session_min * 60 if cfg.session_min else None
 
         def record(train_loss):
-            tau, loss = evaluate(self.d, self.embed_w, self.head_w, eval_seqs, k)
+            tau, loss, tau_decode = evaluate(self.d, self.embed_w, self.head_w, eval_seqs, k, vocab=self.vocab)
             self.history.append({"step": self.step, "minutes": round(self.elapsed / 60, 2), "train_loss": train_loss,
-                                 "eval_loss": loss, "tau": tau})
-            self.log(f"eval step {self.step}: held-out tau {tau:.3f} (K={k}), loss {loss:.3f}")
+                                 "eval_loss": loss, "tau": tau, "tau_decode": tau_decode})
+            self.log(f"eval step {self.step}: held-out tau {tau:.3f} (K={k}), decode tau {tau_decode:.3f}, "
+                     f"loss {loss:.3f}")
 
         if eval_seqs and not self.history:
             record(None)
