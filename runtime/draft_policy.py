@@ -63,6 +63,23 @@ def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts, margin: f
     return best_k
 
 
+# the drafter probability below which a draft (past the first) is not worth its verify row on a CPU: chosen on
+# the embedded pair's held-out records (benchmarks/results/2026-11-30-session6/NOTE.md), flat from 0.3 to 0.5
+CPU_MIN_CONFIDENCE = 0.4
+
+
+def confident_prefixes(conf: list[float], lens: list[int], threshold: float) -> list[int]:
+    """How many of each request's drafts to verify: all of them up to the first after the first whose
+    probability under the drafter is below `threshold`. A draft the drafter itself doubts is seldom accepted,
+    and neither is anything after it, so its verify rows cost more than they return where rows are not free;
+    the first is kept because the drafter pass is paid already. conf: request after request, lens[i] each."""
+    out, at = [], 0
+    for k in lens:
+        out.append(next((j for j in range(1, k) if conf[at + j] < threshold), k))
+        at += k
+    return out
+
+
 class AcceptanceEstimate:
     """Per-position acceptance probability from (drafted K, accepted a) steps: each accepted draft is a
     success, and a step that stopped before K shows one failure (the maximum-likelihood estimate of a

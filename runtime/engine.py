@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import ops, tensor_parallel
-from .draft_policy import DraftLengthPolicy, StepCosts
+from .draft_policy import CPU_MIN_CONFIDENCE, DraftLengthPolicy, StepCosts
 from .calibrate import measure_step_costs
 from .draft_vocab import load_draft_vocab
 from .engine_config import EngineConfig
@@ -119,12 +119,20 @@ class LLMEngine:
         d_caches = allocate_caches(num_blocks, page, d_layers, cfg.torch_dtype, cfg.device) if dcfg else []
         self.runner = ModelRunner(self.target, self.drafter, t_caches, d_caches, page, cfg.device,
                                   use_plugins=cfg.use_plugins, window_pool=bool(windowed))
+        self.runner.min_confidence = self._min_draft_confidence()
         self.policy = DraftLengthPolicy(cfg.draft_len_policy, self._step_costs())
         self.scheduler = Scheduler(cfg, self.blocks, self.max_draft_len, self.policy)
         self.metrics = EngineMetrics()
         self.sequences: dict[str, Sequence] = {}
         self.weight_bytes = tensor_parallel.weight_bytes(self.target, self.drafter)
         self.spmd = tensor_parallel.SPMD(self) if self.dist is not None else None
+
+    def _min_draft_confidence(self) -> float:
+        cfg = self.cfg
+        if cfg.min_draft_confidence is not None:
+            return cfg.min_draft_confidence
+        cpu = str(cfg.device).startswith("cpu")
+        return CPU_MIN_CONFIDENCE if cpu and cfg.draft_len_policy == "adaptive" else 0.0
 
     def _step_costs(self) -> StepCosts:
         """The adaptive policy's cost model: measured here and now (runtime/calibrate.py) unless given."""

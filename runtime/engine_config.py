@@ -31,6 +31,11 @@ class EngineConfig:
     # "adaptive": per request, the K (<= the schedule's) with the most tokens per unit time under a step-cost
     # model (runtime/draft_policy.py); "fixed": always the schedule's K, as TensorRT-LLM does
     draft_len_policy: str = "adaptive"
+    # a request's drafts end before the first one (past the first) whose drafter probability is below this, so
+    # doubted drafts cost no verify rows (draft_policy.confident_prefixes). Default: CPU_MIN_CONFIDENCE on a CPU
+    # with the adaptive policy, where a verify row costs ~7% of a step; 0 (off) on GPUs, where rows are nearly
+    # free, and with the fixed policy (exactly K drafts, as TensorRT-LLM). Not under tensor parallelism.
+    min_draft_confidence: float | None = None
     # the cost model's row / draft / draft_row (runtime/draft_policy.py); default: measured at engine start
     step_costs: dict | None = None
     dtype: str = "float32"
@@ -66,6 +71,8 @@ class EngineConfig:
             bad = sorted(set(self.step_costs) - {"row", "draft", "draft_row"})
             if bad or any(not isinstance(v, (int, float)) or v < 0 for v in self.step_costs.values()):
                 raise DFlashError("step_costs takes non-negative numbers for row, draft and draft_row only")
+        if self.min_draft_confidence is not None and not 0.0 <= self.min_draft_confidence < 1.0:
+            raise DFlashError(f"min_draft_confidence must be in [0, 1), got {self.min_draft_confidence!r}")
         if self.draft_len_schedule:
             self.draft_len_schedule = {int(k): int(v) for k, v in self.draft_len_schedule.items()}
 

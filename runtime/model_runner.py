@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionBatch
+from .draft_policy import confident_prefixes
 from .models.draft import DFlashDrafter, DraftSlice
 from .models.target import TargetModel
 from .sampling import sample_rows
@@ -41,6 +42,7 @@ class ModelRunner:
         self.target_caches, self.draft_caches = target_caches, draft_caches
         self.page, self.device = page_size, torch.device(device)
         self.ops = load_plugin_ops(use_plugins)
+        self.min_confidence = 0.0  # drafts end before the first later one the drafter doubts (confident_prefixes)
         # tensor parallelism: the head is vocab-split (runtime/tensor_parallel.py); its logits are local
         self.tp = getattr(target, "tp", None)
         if drafter is not None:
@@ -78,11 +80,17 @@ class ModelRunner:
         hidden = d(self.target.embed(ids_t), pos_t, self.draft_caches, slices)
         rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
                             device=self.device)
-        toks = d.draft_tokens(hidden.index_select(0, rows), self.target.logits,
-                              self.tp.argmax if self.tp is not None else None).tolist()
+        head_rows = hidden.index_select(0, rows)
+        if self.min_confidence > 0 and self.tp is None:
+            toks, conf = d.draft_tokens(head_rows, self.target.logits, confidence=True)
+            keep = confident_prefixes(conf.tolist(), [w.draft_len for w in work], self.min_confidence)
+        else:
+            toks = d.draft_tokens(head_rows, self.target.logits, self.tp.argmax if self.tp is not None else None)
+            keep = [w.draft_len for w in work]
+        toks = toks.tolist()
         out, at = {}, 0
-        for w in work:
-            out[w.seq.seq_id] = toks[at:at + w.draft_len]
+        for w, k in zip(work, keep):
+            out[w.seq.seq_id] = toks[at:at + k]
             at += w.draft_len
         return out
 
@@ -110,10 +118,12 @@ class ModelRunner:
         capture = self.drafter is not None
         hidden, feats = self.target(torch.tensor(ids, device=self.device), pos_t, self.target_caches, batch,
                                     capture=capture)
+        # rows actually packed: a verify block is 1 + its drafts, which confident_prefixes may have cut below K
+        rows_of = [w.num_rows if w.is_prefill else 1 + len(drafts.get(w.seq.seq_id, [])) for w in work]
         # requests whose next tokens we need: verify blocks, and prompts that complete now (K = 0)
         verify, row = [], 0  # (work item, first logits row in the packed batch, drafts)
-        for w in work:
-            s, n = w.seq, w.num_rows
+        for w, n in zip(work, rows_of):
+            s = w.seq
             if not w.is_prefill:
                 verify.append((w, row, drafts.get(s.seq_id, [])))
             elif s.num_computed + n == s.prefill_target and s.num_output == 0:
@@ -121,8 +131,8 @@ class ModelRunner:
             row += n
         committed = self._verify(verify, hidden) if verify else {}
         results, row = {}, 0
-        for w in work:
-            s, n = w.seq, w.num_rows
+        for w, n in zip(work, rows_of):
+            s = w.seq
             if w.is_prefill:
                 committed_rows = n
                 results[s.seq_id] = StepResult(committed.get(s.seq_id, []))

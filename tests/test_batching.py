@@ -137,6 +137,28 @@ def test_lossless_under_load_with_chunking_and_preemption(pair, spec):
         assert compared > 200 and preempted > 50
 
 
+def test_drafts_cut_where_the_drafter_doubts_stay_lossless_under_load(pair):
+    """min_draft_confidence cuts each block's drafts to a prefix (the same drafter pass); the verify rows that
+    remain, packed with prefill chunks and other blocks, must still give the target's own tokens."""
+    from collections import Counter
+
+    t, d = pair
+    reqs = workload(seed=2)
+    ar = LLM(target=t, speculative=False)
+    alone = [ar.generate([p], sp)[0].token_ids for p, sp, _ in reqs]
+    cut = LLM(target=t, draft=d, draft_len_policy="fixed", min_draft_confidence=0.2, max_num_tokens=24,
+              max_batch_size=8, page_size=4, max_seq_len=160)
+    probe = Probe(cut.engine)
+    seqs = run_with_arrivals(cut, reqs)
+    assert outputs(seqs) == alone
+    lens = Counter(len(dr) for dr in probe.drafts.values())
+    assert all(lens[k] > 0 for k in range(1, 8)), lens  # cut to every length, and some kept whole
+    assert any(i["prefill"] and i["decode"] for i in probe.iters)
+    _, whole = alone_with_drafts(t, d, reqs, max_seq_len=160)  # no cut (fixed policy)
+    compared, _ = same_drafts(probe, whole, seqs)  # each cut block is a prefix of the whole one
+    assert compared > 200
+
+
 def _bytes_for(t, d, pages, page):
     from dflash_trt.config import DraftConfig, TargetConfig
     from dflash_trt.kv_cache import bytes_per_block

@@ -3,8 +3,8 @@ import pytest
 
 import tiny
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.draft_policy import (AcceptanceEstimate, DraftLengthPolicy, StepCosts, best_draft_len,
-                                     expected_tokens)
+from dflash_trt.draft_policy import (CPU_MIN_CONFIDENCE, AcceptanceEstimate, DraftLengthPolicy, StepCosts,
+                                     best_draft_len, confident_prefixes, expected_tokens)
 from dflash_trt.errors import DFlashError
 
 CPU = StepCosts.for_device("cpu")
@@ -126,3 +126,21 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     from dflash_trt.calibrate import measure_step_costs
     from dflash_trt.kv_cache import BlockManager, CacheBlocks
     assert measure_step_costs(eng.runner, CacheBlocks(BlockManager(2, eng.blocks.block_size)), 0) is None
+
+
+def test_confident_prefixes_cut_before_the_first_doubted_draft_after_the_first():
+    conf = [0.1, 0.9, 0.3, 0.8,   0.9, 0.5, 0.45,   0.2,   0.9, 0.9]
+    lens = [4, 3, 1, 2]
+    # request 0: its first draft stays however doubted; the cut falls before 0.3. Request 1: 0.45 < 0.5 cuts it.
+    assert confident_prefixes(conf, lens, 0.5) == [2, 2, 1, 2]
+    assert confident_prefixes(conf, lens, 0.0) == lens
+    assert confident_prefixes(conf, lens, 0.95) == [1, 1, 1, 1]
+
+
+def test_min_draft_confidence_defaults_to_on_for_cpu_adaptive_only(tmp_path):
+    t, d = tiny.accepting_pair(str(tmp_path))
+    assert LLM(target=t, draft=d).engine.runner.min_confidence == CPU_MIN_CONFIDENCE > 0
+    assert LLM(target=t, draft=d, draft_len_policy="fixed").engine.runner.min_confidence == 0.0
+    assert LLM(target=t, draft=d, draft_len_policy="fixed", min_draft_confidence=0.3).engine.runner.min_confidence == 0.3
+    with pytest.raises(DFlashError, match="min_draft_confidence must be in"):
+        LLM(target=t, draft=d, min_draft_confidence=1.5)

@@ -152,16 +152,24 @@ class DFlashDrafter(nn.Module):
         self.vocab_head = head_weight.index_select(0, self.vocab_ids).contiguous()
         self.vocab_packed = ops.pack(self.vocab_head)
 
-    def draft_tokens(self, hidden: torch.Tensor, head, argmax=None) -> torch.Tensor:
+    def draft_tokens(self, hidden: torch.Tensor, head, argmax=None, confidence: bool = False):
         """Greedy draft token per row. head: the target's head (TargetModel.logits); argmax: the distributed
-        argmax of a vocab-split head (tensor parallelism)."""
+        argmax of a vocab-split head (tensor parallelism). confidence: also return each row's probability of its
+        token under the drafter (over the draft vocabulary when there is one; not under tensor parallelism,
+        whose head is split)."""
         if self.vocab_ids is not None:
             from .. import ops
 
-            sub = ops.linear(hidden, self.vocab_head, packed=self.vocab_packed).float() * self.cfg.output_multiplier
-            return self.vocab_ids[sub.argmax(-1)]  # softcapping is monotonic: it cannot move an argmax
-        logits = self.logits(hidden, head)
-        return argmax(logits) if argmax is not None else logits.argmax(-1)
+            logits = ops.linear(hidden, self.vocab_head, packed=self.vocab_packed).float() * self.cfg.output_multiplier
+            tokens = self.vocab_ids[logits.argmax(-1)]  # softcapping is monotonic: it cannot move an argmax
+        else:
+            logits = self.logits(hidden, head)
+            tokens = argmax(logits) if argmax is not None else logits.argmax(-1)
+        if not confidence:
+            return tokens
+        cap = self.cfg.final_logit_softcapping
+        logits = torch.tanh(logits / cap) * cap if cap and self.vocab_ids is not None else logits
+        return tokens, torch.softmax(logits.float(), -1).amax(-1)
 
     def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         own = dict(self.named_parameters())
