@@ -252,6 +252,13 @@ def test_cli_end_to_end_tiny(pair, tmp_path, capsys):
     table = (out / "table.txt").read_text()
     assert "DFlash" in table and "AR" in table and "tok/s/user" in table
     assert "recommended draft_len_schedule" in capsys.readouterr().out
+    # --min-draft-confidence reaches the engines: near 1, blocks are cut to their first draft
+    rc = main(["--target", t, "--draft", d, "--dataset", f"jsonl:{data}", "--concurrency", "1", "--num-requests", "2",
+               "--max-tokens", "8", "--modes", "dflash", "--draft-lens", "3", "--min-draft-confidence", "0.999",
+               "--output", str(tmp_path / "cut")])
+    cut = json.loads((tmp_path / "cut" / "report.json").read_text())
+    assert rc == 0 and cut["config"]["min_draft_confidence"] == 0.999
+    assert cut["points"][0]["drafted"] < 3 * cut["points"][0]["spec_steps"]
 
 
 def test_follower_ranks_write_nothing(pair, tmp_path, monkeypatch, capsys):

@@ -73,6 +73,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, help="default: the longest prompt + its output, page-rounded")
     p.add_argument("--tp-size", type=int, help="tensor-parallel ranks (default: engine.json's tp_size, else the "
                    "number of ranks mpirun started)")
+    p.add_argument("--min-draft-confidence", type=float, help="cut drafts before the first the drafter doubts "
+                   "(default: the engine's, 0.4 on CPU with the adaptive policy; 0 turns it off)")
     return p
 
 
@@ -80,6 +82,8 @@ def model_spec(args, modes: list[str]) -> ModelSpec:
     kw = dict(dtype=args.dtype, device=args.device, max_num_tokens=args.max_num_tokens)
     if args.tp_size is not None:
         kw["tp_size"] = args.tp_size
+    if args.min_draft_confidence is not None:
+        kw["min_draft_confidence"] = args.min_draft_confidence
     if args.model or args.target:
         return ModelSpec(model=args.model, target=args.target, draft=args.draft, engine_kwargs=kw)
     if args.draft:
@@ -150,7 +154,8 @@ def main(argv=None) -> int:
               "draft_lens": [k if k is not None else "default" for k in draft_lens], "seed": args.seed,
               "ignore_eos": not args.respect_eos, "chat": not args.no_chat, "threads": torch.get_num_threads(),
               "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"), "dtype": args.dtype,
-              "num_devices": world_size(), "max_num_tokens": args.max_num_tokens}
+              "num_devices": world_size(), "max_num_tokens": args.max_num_tokens,
+              "min_draft_confidence": args.min_draft_confidence}
     dataset = {"name": ds.name, "source": ds.source, "num_prompts": len(ds.requests),
                "rejected_placeholders": ds.rejected, "cycled": cycled, "notes": ds.notes,
                "prompt_tokens": {"mean": sum(lens) / len(lens), "min": min(lens), "max": max(lens)}}
