@@ -64,7 +64,8 @@ def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts, margin: f
 
 
 # the drafter probability below which a draft (past the first) is not worth its verify row on a CPU: chosen on
-# the embedded pair's held-out records (benchmarks/results/2026-11-30-session6/NOTE.md), flat from 0.3 to 0.5
+# the embedded pair's held-out records (benchmarks/draft_confidence.py; benchmarks/results/2026-11-30-session6/
+# draft_confidence_heldout.txt): speed is flat from 0.3 to 0.5, 3% above the best fixed K
 CPU_MIN_CONFIDENCE = 0.4
 
 
