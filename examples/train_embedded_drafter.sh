@@ -6,13 +6,13 @@
 #   2. dflash-train on the data present (features cached once; a restart picks up new full shards)
 # Re-running the script resumes where it stopped. The shipped drafter's own history (resumes, schedules, times)
 # is in runtime/assets/smollm2-dflash/README.md.
-#   DATA_PROMPTS=12000 MAGPIE=2900 STEPS=8000 THREADS=2 bash examples/train_embedded_drafter.sh
+#   DATA_PROMPTS=12000 MAGPIE=2900 STEPS=9000 THREADS=2 bash examples/train_embedded_drafter.sh
 set -euo pipefail
 DATA=${DATA:-/work/data/smollm2_sd.jsonl}
 OUT=${OUT:-/work/data/smollm2_dflash_run}
 PROMPTS=${DATA_PROMPTS:-12000}
 MAGPIE=${MAGPIE:-2900}
-STEPS=${STEPS:-8000}
+STEPS=${STEPS:-9000}
 THREADS=${THREADS:-2}
 mkdir -p "$(dirname "$DATA")"
 if [ "${SKIP_DATA:-0}" != 1 ]; then
