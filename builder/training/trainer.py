@@ -188,6 +188,7 @@ def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anc
     over random anchors (the training distribution); decode tau follows decoding's own anchors (decode_anchors),
     which needs every anchor: a sequence with more than anchors_per_seq candidates is left out of it."""
     acc, n, loss_sum, d_steps, d_tokens = 0.0, 0, 0.0, 0, 0
+    vocab_head = head_w[vocab] if vocab is not None else None
     for s in seqs:
         anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), anchors_per_seq, torch.Generator().manual_seed(0))
         if anchors.numel() == 0:
@@ -197,7 +198,7 @@ def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anc
         loss, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size),
                                    drafter.cfg.output_multiplier)
         if vocab is not None:
-            pred = vocab[(h @ head_w[vocab].T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
+            pred = vocab[(h @ vocab_head.T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
             correct = (pred == labels) & (labels != -100)
         runs = accepted_lengths(correct, max_draft_len)
         acc += runs.float().sum().item()

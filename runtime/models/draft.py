@@ -140,7 +140,9 @@ class DFlashDrafter(nn.Module):
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
         """head: the target's output head (TargetModel.logits)."""
-        logits = head(hidden) * self.cfg.output_multiplier
+        return self._softcap(head(hidden) * self.cfg.output_multiplier)
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
@@ -162,14 +164,15 @@ class DFlashDrafter(nn.Module):
 
             logits = ops.linear(hidden, self.vocab_head, packed=self.vocab_packed).float() * self.cfg.output_multiplier
             tokens = self.vocab_ids[logits.argmax(-1)]  # softcapping is monotonic: it cannot move an argmax
+            if confidence:
+                logits = self._softcap(logits)
         else:
             logits = self.logits(hidden, head)
             tokens = argmax(logits) if argmax is not None else logits.argmax(-1)
         if not confidence:
             return tokens
-        cap = self.cfg.final_logit_softcapping
-        logits = torch.tanh(logits / cap) * cap if cap and self.vocab_ids is not None else logits
-        return tokens, torch.softmax(logits.float(), -1).amax(-1)
+        logits = logits.float()  # p(argmax) = exp(max - logsumexp): no [rows, vocab] probabilities built
+        return tokens, (logits.amax(-1) - torch.logsumexp(logits, -1)).exp()
 
     def load_weights(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
         own = dict(self.named_parameters())
