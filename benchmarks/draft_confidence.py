@@ -12,24 +12,26 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 import torch
 
 ROW, DRAFT = 0.07, 0.19
 
 
-def walk(conf: list[torch.Tensor], correct: list[torch.Tensor], threshold: float | None, k_max: int):
-    """(tau, mean drafts verified per step) along decoding's own anchors."""
+def walk(conf: list[torch.Tensor], correct: list[torch.Tensor], threshold: float, k_max: int):
+    """(tau, mean drafts verified per step) along decoding's own anchors, each block cut by the runtime's rule."""
+    from dflash_trt.builder.training.trainer import decode_anchors
+    from dflash_trt.draft_policy import confident_prefixes
+
     steps = tokens = rows = 0
     for c, ok in zip(conf, correct):
-        i = 0
-        while i < c.shape[0]:
-            k = 1
-            while k < k_max and (threshold is None or c[i, k] >= threshold):
-                k += 1
-            run = int(ok[i, :k].int().cumprod(0).sum())
-            steps, tokens, rows, i = steps + 1, tokens + run + 1, rows + k, i + run + 1
+        keep = torch.tensor(confident_prefixes(c[:, :k_max].flatten().tolist(), [k_max] * c.shape[0], threshold))
+        lead = ok[:, :k_max].int().cumprod(1)
+        runs = torch.minimum(lead.sum(1), keep)  # accepted drafts among those verified
+        visited = decode_anchors(runs)
+        steps += len(visited)
+        tokens += int(runs[visited].sum()) + len(visited)
+        rows += int(keep[visited].sum())
     return tokens / steps, rows / steps
 
 
@@ -43,9 +45,9 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from tau_eval import target_answers
+    from tau_eval import target_answers, teacher_features, to_eos
 
-    from dflash_trt.builder.training.features import build_feature_shards, load_shard
+    from dflash_trt.builder.training.features import load_shard
     from dflash_trt.builder.training.trainer import block_labels, choose_anchors, draft_rows
     from dflash_trt.checkpoint import load_state_dict
     from dflash_trt.config import DraftConfig, TargetConfig
@@ -60,14 +62,8 @@ def main() -> int:
     if args.dataset.startswith("heldout:"):
         seqs = load_shard(os.path.join(args.dataset[8:], "features", "shard_00000.safetensors"))[:args.num]
     else:
-        eos = set(tcfg.eos_token_ids)
-        recs = []
-        for r in target_answers(target, args.dataset, args.num, 256):  # answers to their EOS
-            out = r["output_ids"]
-            recs.append(dict(r, output_ids=out[:next((i + 1 for i, t in enumerate(out) if t in eos), len(out))]))
-        with tempfile.TemporaryDirectory() as tmp:
-            paths = build_feature_shards(target, recs, list(dcfg.target_layer_ids), tmp, log=lambda *_: None)
-            seqs = [s for p in paths for s in load_shard(p)]
+        recs = to_eos(target_answers(target, args.dataset, args.num, 256), tcfg.eos_token_ids)
+        seqs = teacher_features(target, recs, dcfg.target_layer_ids)
     tmodel, _ = load_models(ModelPaths(target, None), tcfg, None, torch.float32, "cpu")
     embed_w, head_w = tmodel.model.embed_tokens.weight.detach(), tmodel.head_weight.detach()
     drafter = DFlashDrafter(dcfg)
@@ -88,7 +84,7 @@ def main() -> int:
     print("| drafts | tau | drafts verified per step | speed vs AR |")
     print("|---|---:|---:|---:|")
     for k in (1, 2, 3, 4, k_max):
-        tau, rows = walk(conf, correct, None, k)
+        tau, rows = walk(conf, correct, 0.0, k)
         print(f"| fixed K={k} | {tau:.3f} | {rows:.2f} | {tau / (1 + ROW * rows + DRAFT):.3f} |")
     for th in (0.2, 0.3, 0.4, 0.5, 0.6):
         tau, rows = walk(conf, correct, th, k_max)

@@ -47,6 +47,22 @@ def target_answers(target: str, dataset: str, num: int, max_tokens: int) -> list
     return recs
 
 
+def to_eos(recs: list[dict], eos_ids) -> list[dict]:
+    """Each answer up to and including its first EOS, where the engine (and the z-lab benchmark) stops."""
+    eos = set(eos_ids)
+    cut = lambda o: next((i + 1 for i, t in enumerate(o) if t in eos), len(o))  # noqa: E731
+    return [dict(r, output_ids=r["output_ids"][:cut(r["output_ids"])]) for r in recs]
+
+
+def teacher_features(target: str, recs: list[dict], layer_ids) -> list[dict]:
+    """The target's captured features of each record (one teacher-forced pass), in memory."""
+    from dflash_trt.builder.training.features import build_feature_shards, load_shard
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = build_feature_shards(target, recs, list(layer_ids), tmp, log=lambda *_: None)
+        return [s for p in paths for s in load_shard(p)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("drafters", nargs="+")
@@ -61,7 +77,6 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from dflash_trt.builder.training.features import build_feature_shards, load_shard
     from dflash_trt.builder.training.trainer import evaluate
     from dflash_trt.checkpoint import load_state_dict
     from dflash_trt.config import DraftConfig, TargetConfig
@@ -74,9 +89,7 @@ def main() -> int:
     tcfg = TargetConfig.from_dir(target)
     recs = target_answers(target, args.dataset, args.num, args.max_tokens)
     if args.respect_eos:
-        eos = set(tcfg.eos_token_ids)  # what the engine stops on
-        cut = lambda o: next((i + 1 for i, t in enumerate(o) if t in eos), len(o))  # noqa: E731
-        recs = [dict(r, output_ids=r["output_ids"][:cut(r["output_ids"])]) for r in recs]
+        recs = to_eos(recs, tcfg.eos_token_ids)
     tmodel, _ = load_models(ModelPaths(target, None), tcfg, None, torch.float32, "cpu")
     embed_w, head_w = tmodel.model.embed_tokens.weight.detach(), tmodel.head_weight.detach()
     feats: dict[tuple, list[dict]] = {}
@@ -88,9 +101,7 @@ def main() -> int:
         dcfg = DraftConfig.from_dir(d, num_target_layers=tcfg.num_hidden_layers)
         layers = tuple(dcfg.target_layer_ids)
         if layers not in feats:
-            with tempfile.TemporaryDirectory() as tmp:
-                paths = build_feature_shards(target, recs, list(layers), tmp, log=lambda *_: None)
-                feats[layers] = [s for p in paths for s in load_shard(p)]
+            feats[layers] = teacher_features(target, recs, layers)
         drafter = DFlashDrafter(dcfg)
         drafter.load_weights(load_state_dict(d, "drafter"), torch.float32)
         k = args.k or dcfg.block_size - 1
