@@ -67,6 +67,9 @@ def main(argv=None) -> int:
     p.add_argument("--make-data", type=int, default=0, metavar="N", help="generate N self-distillation records")
     p.add_argument("--magpie", type=int, default=0, metavar="N",
                    help="with --make-data: also N requests the target writes itself (Magpie), answered first")
+    p.add_argument("--magpie-domains", type=int, default=0, metavar="N",
+                   help="with --make-data: also N Magpie requests steered by domain system prompts (code, maths, "
+                        "writing, reasoning, role-play, extraction, STEM, humanities)")
     p.add_argument("--eval-records", type=int, default=64,
                    help="the first N records are held out (tau and loss during training); fixed as data grows")
     p.add_argument("--max-steps", type=int, default=2000)
@@ -106,7 +109,8 @@ def main(argv=None) -> int:
     data = args.data or os.path.join(out, "data.jsonl")
     if args.make_data:
         from .training.datagen import generate_data
-        generate_data(target_dir, data, args.make_data, magpie=args.magpie, log=log)
+        generate_data(target_dir, data, args.make_data, magpie=args.magpie, magpie_domains=args.magpie_domains,
+                      log=log)
     if not os.path.isfile(data):
         raise DFlashError(f"no training data at {data}: pass --data JSONL or --make-data N")
 

@@ -10,6 +10,7 @@ import time
 
 from .prompts import make_prompts
 
+DOMAIN_ID_BASE = 2_000_000  # record ids of the domain-steered Magpie requests
 MAX_SEQ_LEN = 1024  # prompt + answer; longer prompts are skipped (and logged), not truncated
 
 
@@ -28,10 +29,12 @@ def done_ids(path: str) -> set[int]:
 
 
 def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, max_tokens: int = 256,
-                  batch: int = 32, newest_first: bool = False, magpie: int = 0, log=print) -> None:
+                  batch: int = 32, newest_first: bool = False, magpie: int = 0, magpie_domains: int = 0,
+                  log=print) -> None:
     """newest_first: highest prompt ids first, so that after raising num_prompts the prompt kinds that only
     exist past the first 8,000 arrive before the older mix. magpie: also answer that many requests the target
-    writes itself (magpie.py; cached beside out_path), before the templated prompts."""
+    writes itself (magpie.py; cached beside out_path), before the templated prompts. magpie_domains: that many
+    more, each written under one of magpie.DOMAINS' system prompts, answered first of all."""
     from ...llm import LLM
     from ...sampling import SamplingParams
 
@@ -43,6 +46,11 @@ def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, m
     if magpie:
         from .magpie import magpie_prompts
         asks = magpie_prompts(target, magpie, out_path + ".magpie.jsonl", seed, batch, log=log)
+        todo = [p for p in asks if p["id"] not in have] + todo
+    if magpie_domains:
+        from .magpie import magpie_prompts
+        asks = magpie_prompts(target, magpie_domains, out_path + ".magpie-domains.jsonl", seed, batch, domains=True,
+                              id_base=DOMAIN_ID_BASE, log=log)
         todo = [p for p in asks if p["id"] not in have] + todo
     log(f"{len(have)} records present, {len(todo)} to generate -> {out_path}")
     if not todo:

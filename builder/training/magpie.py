@@ -14,15 +14,32 @@ MARK = "\x00REQUEST\x00"
 ID_BASE = 1_000_000  # record ids of these requests: never collide with the templated prompts' 0..N
 
 
-def user_turn_prefix(tokenizer) -> str:
-    """The chat template's text up to where a user's words begin (the default system prompt included)."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False)
+# System prompts that steer the request the target writes towards one domain (the request only: its answer is
+# generated under the default system prompt, as users and benchmarks run the model). Without them ~40% of the
+# requests are everyday chat; a drafter is judged on code, maths and long-form writing too.
+DOMAINS = [
+    "You are a helpful assistant. The user is a Python programmer asking for code.",
+    "You are a patient maths tutor. The user is a student with a maths problem.",
+    "You are a writing assistant. The user wants a piece of writing: an essay, a story, an email or a poem.",
+    "You are an expert at step-by-step reasoning. The user asks a question that needs careful thought.",
+    "You are playing a character in a role-play the user sets up.",
+    "You extract and summarise information. The user pastes a text and asks for facts, a summary or a table.",
+    "You are a science and engineering expert. The user asks about physics, chemistry, biology or engineering.",
+    "You are a humanities scholar. The user asks about history, philosophy, literature or the arts.",
+]
+
+
+def user_turn_prefix(tokenizer, system: str | None = None) -> str:
+    """The chat template's text up to where a user's words begin (the default system prompt unless given)."""
+    turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": MARK}]
+    text = tokenizer.apply_chat_template(turns, tokenize=False)
     return text[:text.index(MARK)]
 
 
 def magpie_prompts(target: str, n: int, out_path: str, seed: int = 0, batch: int = 48, max_tokens: int = 96,
-                   log=print) -> list[dict]:
-    """n distinct requests as prompt records ({id, kind, prompt}), cached in out_path (resumable)."""
+                   domains: bool = False, id_base: int = ID_BASE, log=print) -> list[dict]:
+    """n distinct requests as prompt records ({id, kind, prompt}), cached in out_path (resumable). domains: sample
+    seed s under the system prompt DOMAINS[s % len(DOMAINS)] (kind "magpie-<i>")."""
     from ...llm import LLM
     from ...sampling import SamplingParams
 
@@ -33,7 +50,8 @@ def magpie_prompts(target: str, n: int, out_path: str, seed: int = 0, batch: int
     if len(have) >= n:
         return have[:n]
     llm = LLM(target=target, speculative=False, max_batch_size=batch, max_num_tokens=4096, max_seq_len=512)
-    prefix = llm.tokenizer.encode(user_turn_prefix(llm.tokenizer), add_special_tokens=False)
+    systems = DOMAINS if domains else [None]
+    prefixes = [llm.tokenizer.encode(user_turn_prefix(llm.tokenizer, s), add_special_tokens=False) for s in systems]
     seen = {r["prompt"] for r in have}
     tried = have[-1]["seed"] + 1 if have else 0  # a seed always gives the same request: resume past the last kept
     limit = tried + 20 * n + batch  # a target whose user turns never end would sample forever
@@ -46,13 +64,14 @@ def magpie_prompts(target: str, n: int, out_path: str, seed: int = 0, batch: int
             tried += batch
             params = [SamplingParams(max_tokens=max_tokens, temperature=1.0, top_p=0.95, seed=seed * 10**7 + s)
                       for s in seeds]
-            for s, out in zip(seeds, llm.generate([prefix] * batch, params)):
+            for s, out in zip(seeds, llm.generate([prefixes[s % len(systems)] for s in seeds], params)):
                 text = out.text.strip()
                 # kept: the request ended its turn, is long enough to ask something, and is new
                 if out.finish_reason != "stop" or len(text) < 16 or text in seen:
                     continue
                 seen.add(text)
-                rec = {"id": ID_BASE + len(have), "kind": "magpie", "prompt": text, "seed": s}
+                kind = f"magpie-{s % len(systems)}" if domains else "magpie"
+                rec = {"id": id_base + len(have), "kind": kind, "prompt": text, "seed": s}
                 have.append(rec)
                 f.write(json.dumps(rec) + "\n")
                 f.flush()
