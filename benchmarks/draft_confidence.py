@@ -21,7 +21,7 @@ ROW, DRAFT = 0.07, 0.19
 def walk(conf: list[torch.Tensor], correct: list[torch.Tensor], threshold: float, k_max: int):
     """(tau, mean drafts verified per step) along decoding's own anchors, each block cut by the runtime's rule."""
     from dflash_trt.builder.training.trainer import decode_anchors
-    from dflash_trt.draft_policy import confident_prefixes
+    from dflash_trt.spec.policy import confident_prefixes
 
     steps = tokens = rows = 0
     for c, ok in zip(conf, correct):

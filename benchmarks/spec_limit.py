@@ -75,7 +75,7 @@ def main() -> int:
     t_ar_h = Timed(ar.engine.target, "logits")
     t_v_f = Timed(sd.engine.target, "forward")
     t_v_h = Timed(sd.engine.target, "logits")
-    t_d = Timed(sd.engine.runner, "draft")  # drafter forward + draft head + its batch preparation
+    t_d = Timed(sd.engine.proposer, "propose")  # context write + drafter forward + draft head + batch preparation
     decode(ar, SamplingParams(max_tokens=8, ignore_eos=True), [])  # warm-up
     decode(sd, SamplingParams(max_tokens=8, ignore_eos=True), [])
     ar_runs = decode(ar, sp, [t_ar_f, t_ar_h])

@@ -42,7 +42,7 @@ def worker(spec_path: str, out_path: str) -> None:
            "token_ids": [o.token_ids for o in outs], "tau": sum(o.accepted for o in outs) / max(1, steps),
            "bytes_per_step": (dist.bytes_communicated - b0) / max(1, steps) if dist else 0,
            "collectives_per_step": (dist.num_collectives - c0) / max(1, steps) if dist else 0,
-           "weight_bytes_per_rank": eng.spmd.weight_bytes_per_rank if eng.spmd else [eng.weight_bytes]}
+           "weight_bytes_per_rank": getattr(eng, "weight_bytes_per_rank", [eng.weight_bytes])}
     with open(out_path, "w") as f:
         json.dump(res, f)
 

@@ -5,8 +5,8 @@ is new since the previous item; breaking out of it (or cancelling the task, or a
 server) aborts the request, and its cache blocks are freed before the next iteration.
 
 Under tensor parallelism (`mpirun -n N`, only rank 0 gets an LLM to wrap) this thread is the only one that
-talks to the other ranks: every `engine.step()` sends them the step's requests and aborts, and while idle it
-sends a heartbeat every `heartbeat_s` renewing a lease of `follower_timeout_s` (default DFLASH_TP_TIMEOUT, 60 s),
+talks to the other ranks: every `engine.step()` (the driver, tensor_parallel.SPMD) sends them the step's
+requests and aborts, and while idle it sends a heartbeat every `heartbeat_s` renewing a lease of `follower_timeout_s` (default DFLASH_TP_TIMEOUT, 60 s),
 so followers of a hung rank 0 exit instead of waiting forever (runtime/tensor_parallel.py, SPMD).
 """
 from __future__ import annotations
@@ -45,8 +45,8 @@ class _Pending:
 class AsyncLLM:
     def __init__(self, llm: LLM, *, heartbeat_s: float = 1.0, follower_timeout_s: float | None = None):
         self.llm = llm  # admission limits (429) are the server's job: this class never refuses a request
-        self._spmd = llm.engine.spmd  # None without tensor parallelism
-        if self._spmd is not None:
+        self._lease_s = None  # under tensor parallelism: the followers' timeout, renewed by heartbeats
+        if llm.engine.dist is not None:
             from .tensor_parallel import serve_lease_s
 
             self._lease_s = follower_timeout_s or serve_lease_s()
@@ -121,28 +121,25 @@ class AsyncLLM:
         return bool(self._stop or self._pending or self._aborts or self.llm.engine.has_unfinished())
 
     def _run(self) -> None:
-        eng, spmd = self.llm.engine, self._spmd
+        eng = self.llm.engine
         try:
-            if spmd is not None:
-                spmd.set_lease(self._lease_s)
+            eng.set_lease(self._lease_s)
             while True:
                 with self._cv:
                     if not self._has_work():
-                        self._cv.wait(self._heartbeat_s if spmd is not None else None)
+                        self._cv.wait(eng.idle_wait_s(self._heartbeat_s))
                     if self._stop:
                         return
                     busy = self._has_work()
                 if not busy:
-                    if spmd is not None:  # idle: the followers must still hear from rank 0 within the lease
-                        spmd.heartbeat()
+                    eng.heartbeat()  # tensor parallelism: followers must hear from rank 0 within the lease
                     continue
                 self._step(eng)
         finally:
-            if spmd is not None:  # no more promises: rank 0 may use the LLM without this thread now
-                try:
-                    spmd.set_lease(None)
-                except Exception:  # the other ranks are gone already
-                    pass
+            try:  # no more promises: rank 0 may use the LLM without this thread now
+                eng.set_lease(None)
+            except Exception:  # the other ranks are gone already
+                pass
 
     def _step(self, eng) -> None:
         self._admit()
@@ -156,14 +153,13 @@ class AsyncLLM:
                 eng.abort(rid)
             self._streams.clear()
             return
-        self.llm._postprocess(outs)
         for o in outs:
             st = self._streams.get(o.seq.request_id)
             if st is not None:
                 self._emit(o.seq, st)
 
     def _emit(self, seq, st: _Stream) -> None:
-        out: RequestOutput = self.llm._output(seq, st.prompt)
+        out: RequestOutput = self.llm.output(seq, st.prompt)
         text = out.text
         visible = len(text)
         if not seq.is_finished:

@@ -9,6 +9,8 @@ request instead of a whole sequence's.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .errors import DFlashError
@@ -102,7 +104,6 @@ class CacheBlocks:
             self.window.trim(seq.window_table, seq.num_computed)
 
     def release(self, seq) -> None:
-        seq.ctx_pending = []  # drafter context waiting for these blocks (model_runner.py) goes with them
         self.main.release(seq.block_table)
         if self.window is not None:
             self.window.release(seq.window_table)
@@ -126,3 +127,65 @@ def allocate_caches(num_blocks: int, block_size: int, layers: list[tuple[int, ..
     return [(torch.zeros(num_blocks, block_size, kvh, dk, dtype=dtype, device=device),
              torch.zeros(num_blocks, block_size, kvh, dv, dtype=dtype, device=device))
             for kvh, dk, dv in map(_dims, layers)]
+
+
+@dataclass
+class KVPlan:
+    """How the cache budget is split: blocks of the main pool (target layers outside the window pool, and the
+    drafter's context layers, one block table for both), blocks of the window pool, and which target layers
+    live there."""
+    page: int
+    num_blocks: int
+    window_blocks: int
+    window: int
+    windowed: list[int]  # target layer indices in the window pool
+    target_layers: list[tuple[int, ...]]
+    draft_layers: list[tuple[int, ...]]
+    bytes_per_block: int
+    window_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.bytes_per_block + self.window_bytes
+
+
+def plan_kv_pools(target_layers: list[tuple[int, ...]], draft_layers: list[tuple[int, ...]],
+                  windows: list[int | None], *, page: int, max_seq_len: int, max_batch_size: int,
+                  max_num_tokens: int, dtype: torch.dtype, budget: int | None = None,
+                  window_cache: bool = True) -> KVPlan:
+    """target_layers: (kv_heads, k_dim[, v_dim]) per target layer (this rank's heads); windows: each target
+    layer's sliding window or None. budget: bytes for all pools (default: max_batch_size sequences of
+    max_seq_len, the main pool capped at 2 GiB)."""
+    windowed = [i for i, w in enumerate(windows) if w] if window_cache else []
+    window = max((windows[i] for i in windowed), default=0)
+    per_seq = -(-max_seq_len // page) + 1
+    if windowed and -(-window // page) + 2 >= per_seq:  # the window holds a whole sequence: no pool of its own
+        windowed, window = [], 0
+    main_layers = [t for i, t in enumerate(target_layers) if i not in windowed]
+    per_block = bytes_per_block(page, main_layers + draft_layers, dtype)
+    w_blocks = w_bytes = 0
+    if windowed:  # every running request's window plus one step's rows, and the reserved null block
+        w_blocks = max_batch_size * (-(-window // page) + 2) + -(-max_num_tokens // page) + 1
+        w_bytes = w_blocks * bytes_per_block(page, [target_layers[i] for i in windowed], dtype)
+    budget = budget or min(2 << 30, per_block * max_batch_size * per_seq) + w_bytes
+    # every layer windowed and no drafter: the main pool holds no bytes, its tables only count positions
+    num_blocks = max(budget - w_bytes, 0) // per_block if per_block else max_batch_size * per_seq
+    if num_blocks * page < max_seq_len + page:
+        raise DFlashError(f"KV cache of {budget} bytes holds {num_blocks * page} positions, fewer than "
+                          f"max_seq_len {max_seq_len}: raise kv_cache_bytes or lower max_seq_len")
+    return KVPlan(page, num_blocks, w_blocks, window, windowed, list(target_layers), list(draft_layers),
+                  per_block, w_bytes)
+
+
+def allocate_pools(plan: KVPlan, dtype, device):
+    """The block managers and the caches: (CacheBlocks, target caches per layer, drafter caches per layer)."""
+    page, windowed = plan.page, plan.windowed
+    blocks = CacheBlocks(BlockManager(plan.num_blocks, page),
+                         WindowBlockManager(plan.window_blocks, page, plan.window) if windowed else None)
+    main = iter(allocate_caches(plan.num_blocks, page, [t for i, t in enumerate(plan.target_layers)
+                                                          if i not in windowed], dtype, device))
+    win = iter(allocate_caches(plan.window_blocks, page, [plan.target_layers[i] for i in windowed], dtype, device)
+               if windowed else [])
+    t_caches = [next(win) if i in windowed else next(main) for i in range(len(plan.target_layers))]
+    d_caches = allocate_caches(plan.num_blocks, page, plan.draft_layers, dtype, device) if plan.draft_layers else []
+    return blocks, t_caches, d_caches

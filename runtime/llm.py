@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .engine import LLMEngine, StepOutput
+from .engine import LLMEngine
 from .engine_config import EngineConfig
 from .errors import DFlashError
-from .loader import resolve_paths
+from .loader import engine_settings, resolve_paths
+from .tensor_parallel import SPMD
 from .sampling import SamplingParams
 from .sequence import Sequence
 
@@ -55,31 +56,12 @@ def encode_prompt(tokenizer, prompt, chat: bool = False, where: str = "the targe
     return list(tokenizer.encode(prompt))
 
 
-class Detokenizer:
-    """Incremental text per request, and the stop-string check (truncates at the first stop string)."""
-
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
-
-    def text(self, seq: Sequence) -> str:
-        if self.tok is None:
-            return ""
-        return self.tok.decode(seq.output_ids, skip_special_tokens=True)
-
-    def check_stop(self, seq: Sequence, text: str) -> int | None:
-        best = None
-        for s in seq.params.stop:
-            i = text.find(s)
-            if i >= 0 and (best is None or i < best):
-                best = i
-        return best
-
-
 class LLM:
     """DFlash LLM. `LLM()` runs the embedded default pair; `LLM(ENGINE_DIR)`, `LLM(target=..., draft=...)`."""
 
     def __init__(self, model: str | None = None, *, target: str | None = None, draft: str | None = None,
-                 speculative: bool = True, tokenizer: str | None = None, **engine_kwargs):
+                 speculative: bool | str = True, tokenizer: str | None = None, **engine_kwargs):
+        """speculative: True or "dflash" (needs a drafter), "ngram" (prompt lookup, no drafter), False (AR)."""
         if model is None and target is None:
             from .embedded import embedded_paths  # the embedded default: SmolLM2-135M + our drafter
             model = embedded_paths(draft is None)
@@ -87,17 +69,18 @@ class LLM:
                 target, draft = model
                 model = None
         paths = resolve_paths(model, target, draft)
-        if speculative and paths.draft is None:
-            raise DFlashError("speculative decoding needs a drafter: pass draft=DIR (or speculative=False)")
         self.paths = paths
-        self.config = EngineConfig(speculative=speculative, **engine_kwargs)
-        self.engine = LLMEngine(paths, self.config)
-        if self.engine.dist is not None and not self.engine.dist.is_driver:
+        self.config = EngineConfig.from_kwargs(speculative=speculative, **engine_settings(paths, engine_kwargs))
+        if self.config.spec.method == "dflash" and paths.draft is None:
+            raise DFlashError("DFlash needs a drafter: pass draft=DIR, speculative=\"ngram\" (prompt lookup, no "
+                              "drafter) or speculative=False")
+        self.tokenizer = self._load_tokenizer(tokenizer or paths.target)
+        engine = LLMEngine(paths, self.config, self.tokenizer)
+        self.engine = engine if engine.dist is None else SPMD(engine)
+        if engine.dist is not None and not engine.dist.is_driver:
             # tensor parallelism: ranks > 0 mirror rank 0's engine, then end with it (only rank 0 returns)
             self.engine.follow()
             raise SystemExit(0)
-        self.tokenizer = self._load_tokenizer(tokenizer or paths.target)
-        self.detok = Detokenizer(self.tokenizer)
 
     @staticmethod
     def _load_tokenizer(path: str):
@@ -115,26 +98,16 @@ class LLM:
     def add_request(self, prompt, params: SamplingParams, chat: bool = False, request_id: str | None = None):
         return self.engine.add_request(self.encode(prompt, chat), params, request_id)
 
-    def _output(self, seq: Sequence, prompt=None) -> RequestOutput:
-        text = self.detok.text(seq)
-        if seq.stop_text_pos is not None:
-            text = text[:seq.stop_text_pos]
+    def output(self, seq: Sequence, prompt=None) -> RequestOutput:
+        """The request as it stands (text cut at a stop string)."""
         return RequestOutput(
             request_id=seq.request_id, prompt=prompt if isinstance(prompt, str) else None,
-            prompt_token_ids=list(seq.prompt_ids), text=text, token_ids=list(seq.output_ids),
+            prompt_token_ids=list(seq.prompt_ids), text=seq.text, token_ids=list(seq.output_ids),
             finish_reason=seq.finish_reason, finished=seq.is_finished, steps=seq.steps, drafted=seq.drafted,
             accepted=seq.accepted, tau=seq.tau, acceptance_rate=seq.accepted / seq.drafted if seq.drafted else 0.0,
             trace=seq.trace,
             ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
             latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time, tpot=seq.tpot)
-
-    def _postprocess(self, outs: list[StepOutput]) -> None:
-        for o in outs:
-            seq = o.seq
-            if seq.params.stop and self.tokenizer is not None:
-                pos = self.detok.check_stop(seq, self.detok.text(seq))
-                if pos is not None:
-                    self.engine.finish_on_stop_string(seq, pos)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, chat: bool = False,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -145,8 +118,8 @@ class LLM:
         plist = params if isinstance(params, list) else [params] * len(prompts)
         seqs = [self.add_request(p, sp, chat) for p, sp in zip(prompts, plist)]
         while self.engine.has_unfinished():
-            self._postprocess(self.engine.step())
-        outs = [self._output(s, p) for s, p in zip(seqs, prompts)]
+            self.engine.step()
+        outs = [self.output(s, p) for s, p in zip(seqs, prompts)]
         for s in seqs:
             self.engine.release(s)
         return outs

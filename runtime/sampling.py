@@ -7,7 +7,6 @@ target's own sample reproduces the autoregressive sampled output token for token
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +20,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0  # 0 or -1: off
     top_p: float = 1.0
-    seed: int | None = None
+    seed: int | None = None  # None: the engine draws one (EngineConfig.seed makes the draws repeatable)
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -38,8 +37,6 @@ class SamplingParams:
             raise DFlashError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise DFlashError(f"top_k must be -1, 0 (off) or a positive integer, got {self.top_k}")
-        if self.seed is None:
-            self.seed = random.getrandbits(63)
 
     @property
     def greedy(self) -> bool:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .detokenizer import DetokState
 from .sampling import SamplingParams
 
 _ids = itertools.count()
@@ -27,18 +28,17 @@ class Sequence:
     num_computed: int = 0  # target KV and drafter context hold positions 0..num_computed-1
     block_table: list[int] = field(default_factory=list)
     window_table: list[int] = field(default_factory=list)  # sliding-window layers' pool (kv_cache.py), if any
-    # committed rows whose drafter context is not written yet: (features, positions, slots) (model_runner.py)
-    ctx_pending: list = field(default_factory=list, repr=False)
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_text_pos: int | None = None  # where a stop string begins in the output text
+    detok: DetokState = field(default_factory=DetokState, repr=False)  # the output's text so far (scheduler)
     spec_enabled: bool = True
     # statistics
-    steps: int = 0  # speculative steps
+    steps: int = 0  # speculative steps (drafts verified)
     drafted: int = 0
     accepted: int = 0
     accept_hist: list[int] = field(default_factory=list)  # accepted draft tokens per step
-    acceptance: object | None = None  # draft_policy.AcceptanceEstimate of a speculating request
+    acceptance: object | None = None  # spec.policy.AcceptanceEstimate of a speculating request
     trace: list[tuple[list[int], int]] | None = None  # (draft tokens, accepted length) per step
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
@@ -49,6 +49,12 @@ class Sequence:
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
         self.request_id = self.request_id or str(self.seq_id)
+
+    @property
+    def text(self) -> str:
+        """The output's text so far, cut where a stop string begins."""
+        t = self.detok.text
+        return t if self.stop_text_pos is None else t[:self.stop_text_pos]
 
     @property
     def num_prompt(self) -> int:
@@ -70,10 +76,6 @@ class Sequence:
     @property
     def in_prefill(self) -> bool:
         return self.num_computed < self.prefill_target
-
-    @property
-    def ctx_pending_rows(self) -> int:
-        return sum(p[0].shape[0] for p in self.ctx_pending)
 
     @property
     def is_finished(self) -> bool:

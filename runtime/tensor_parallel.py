@@ -210,41 +210,30 @@ def shard_target(target: TargetModel, dist: Distributed) -> None:
     target.tp_vocab = (dist.rank * shard, dist.rank * shard + rows)
 
 
-def load_models_tp(paths, tcfg: TargetConfig, dcfg: DraftConfig | None, dtype, device, dist: Distributed,
-                   max_positions: int = 4096):
-    """Build, shard and load this rank's slices of the target (and drafter)."""
+def shard_drafter(drafter: DFlashDrafter, dist: Distributed) -> None:
+    _shard_layers(drafter.layers, drafter.cfg, dist)
+
+
+def read_target_state(paths, target: TargetModel, dist: Distributed, dtype) -> dict:
+    """This rank's slices of the (sharded) target's weights."""
     from .quantized import is_quantized, load_quantized_state_dict
 
-    tp, rank = dist.world_size, dist.rank
-    target = TargetModel(tcfg, max_positions)
-    shard_target(target, dist)
     own = set(dict(target.named_parameters()))
-    plan = _plan(tcfg, tp, rank)
-    if is_quantized(paths.target):  # dequantised whole on load, then sliced
-        full = load_quantized_state_dict(paths.target, dtype)
-        state = {}
-        for n, t in full.items():
-            if n in own:
-                s = _slice_of(n, plan, target.tp_vocab)
-                state[n] = t if s is None else (t[s[1]:s[2]] if s[0] == 0 else t[:, s[1]:s[2]])
-    else:
-        state = read_slices(paths.target, "target", lambda n: n in own, plan, target.tp_vocab)
-    target.load_weights(state, dtype)
-    target.to(device).eval()
-    target.rotary.to(device)
-    drafter = None
-    if dcfg is not None:
-        drafter = DFlashDrafter(dcfg, max_positions)
-        _shard_layers(drafter.layers, dcfg, dist)
-        downs = set(dict(drafter.named_parameters()))
-        dplan = _plan(dcfg, tp, rank)
-        state = read_slices(paths.draft, "drafter",
-                            lambda n: (n[6:] if n.startswith("model.") else n) in downs, dplan, None)
-        drafter.load_weights(state, dtype)
-        drafter.to(device).eval()
-        drafter.rotary.to(device)
-        target.capture_ids = list(dcfg.target_layer_ids)
-    return target, drafter
+    plan = _plan(target.cfg, dist.world_size, dist.rank)
+    if not is_quantized(paths.target):
+        return read_slices(paths.target, "target", lambda n: n in own, plan, target.tp_vocab)
+    state = {}  # quantized: dequantised whole on load, then sliced
+    for n, t in load_quantized_state_dict(paths.target, dtype).items():
+        if n in own:
+            s = _slice_of(n, plan, target.tp_vocab)
+            state[n] = t if s is None else (t[s[1]:s[2]] if s[0] == 0 else t[:, s[1]:s[2]])
+    return state
+
+
+def read_draft_state(paths, drafter: DFlashDrafter, dist: Distributed) -> dict:
+    own = set(dict(drafter.named_parameters()))
+    return read_slices(paths.draft, "drafter", lambda n: (n[6:] if n.startswith("model.") else n) in own,
+                       _plan(drafter.cfg, dist.world_size, dist.rank), None)
 
 
 def weight_bytes(*models) -> int:
@@ -282,10 +271,12 @@ def serve_lease_s() -> float:
 
 
 class SPMD:
-    """Every rank runs the same engine and scheduler; rank 0 owns I/O and, before each step, broadcasts the
-    requests added, aborted or stopped (stop strings) since the last one. The others replay them and step:
-    verification results are identical on all ranks (distributed argmax, gathered logits), so every rank
-    makes the same scheduling decisions.
+    """The tensor-parallel driver around an engine: every rank runs the same engine and scheduler; on rank 0
+    this object stands in for the engine (its public add_request / abort / step, everything else passed
+    through) and, before each step, broadcasts the requests added and aborted since the last one. The others
+    replay them through the same public calls and step: verification results are identical on all ranks
+    (distributed argmax, gathered logits) and stop strings are found where tokens are committed, on every rank,
+    so every rank makes the same scheduling and finishing decisions.
 
     The protocol (rank 0 -> all, on a Channel): ("step", msgs, lease), ("idle", msgs, lease) or ("shutdown", [],
     None). `lease` is rank 0's promise of its next message within that many seconds, None for no promise.
@@ -312,8 +303,30 @@ class SPMD:
         if self.dist.is_driver:
             atexit.register(self.shutdown)
 
-    # -- rank 0 -------------------------------------------------------------------------------------------
-    def record(self, *msg) -> None:
+    def __getattr__(self, name):  # the engine's metrics, stats, release, configs ... as they are
+        return getattr(self.engine, name)
+
+    # -- rank 0: the engine's public calls ----------------------------------------------------------------
+    def add_request(self, prompt_ids, params, request_id=None):
+        seq = self.engine.add_request(prompt_ids, params, request_id)
+        # the resolved params (a drawn seed included) and id: every rank must make the very same request
+        self._record("add", list(prompt_ids), seq.params, seq.request_id)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        self._record("abort", request_id)
+        self.engine.abort(request_id)
+
+    def step(self):
+        with self.lock:  # no shutdown from another thread between the ranks' collectives of this step
+            self.send()  # the others learn this iteration's new requests and aborts first
+            return self.engine.step()
+
+    def idle_wait_s(self, heartbeat_s: float) -> float | None:
+        """How long a serving loop may sleep with nothing to run: followers must hear within their lease."""
+        return heartbeat_s
+
+    def _record(self, *msg) -> None:
         if self.dist.is_driver:
             self.pending.append(msg)
 
@@ -368,10 +381,6 @@ class SPMD:
             eng.add_request(prompt, params, rid)
         elif kind == "abort":
             eng.abort(msg[1])
-        elif kind == "stop":
-            seq = eng.sequences.get(msg[1])
-            if seq is not None:
-                eng.finish_on_stop_string(seq, msg[2])
 
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
@@ -422,7 +431,7 @@ class SPMD:
                 self._apply(m)
             if kind == "step":
                 try:
-                    eng._step()
+                    eng.step()
                 except DFlashError as e:  # rank 0 hit the same error; it aborts those requests next
                     print(f"dflash: rank {self.dist.rank}: step failed: {e}", file=sys.stderr, flush=True)
             for rid in [r for r, s in eng.sequences.items() if s.is_finished]:

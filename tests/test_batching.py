@@ -28,8 +28,8 @@ class Probe:
 
     def __init__(self, eng):
         self.iters, self.drafts = [], {}  # drafts: (seq_id, position) -> draft tokens
-        sched, runner = eng.scheduler, eng.runner
-        schedule, target_fwd, draft = sched.schedule, runner.target.forward, runner.draft
+        sched, runner, proposer = eng.scheduler, eng.runner, eng.proposer
+        schedule, target_fwd, draft = sched.schedule, runner.target.forward, proposer.propose
 
         def scheduled():
             work = schedule()
@@ -44,14 +44,17 @@ class Probe:
             self.iters[-1]["target"] += 1
             return target_fwd(*a, **kw)
 
-        def drafted(work):
+        def drafted(work, want_confidence=False):
+            work = [w for w in work if w.draft_len > 0]
+            if not work:
+                return draft(work, want_confidence)
             self.iters[-1]["drafter"] += 1
-            out = draft(work)
+            out = draft(work, want_confidence)
             for w in work:
-                self.drafts[(w.seq.seq_id, w.seq.num_computed)] = out[w.seq.seq_id]
+                self.drafts[(w.seq.seq_id, w.seq.num_computed)] = out.drafts[w.seq.seq_id]
             return out
 
-        sched.schedule, runner.target.forward, runner.draft = scheduled, target, drafted
+        sched.schedule, runner.target.forward, proposer.propose = scheduled, target, drafted
 
 
 def run_with_arrivals(llm, reqs, aborts=None):
@@ -258,7 +261,7 @@ def test_every_acceptance_length_under_load_with_stops_inside_accepted_runs(pair
     alone = [ar.generate([p], sp)[0].token_ids for p, sp, _ in reqs]
     llm = _small(t, d, draft_len_policy="fixed", max_draft_len=7, trace=True)
     eng, truth = llm.engine, {tuple(p): a for (p, _, _), a in zip(reqs, alone)}
-    eng.runner.draft = tiny.OracleDrafter(lambda s: truth[tuple(s.prompt_ids)])
+    eng.proposer.propose = tiny.as_propose(tiny.OracleDrafter(lambda s: truth[tuple(s.prompt_ids)]))
     seqs = run_with_arrivals(llm, reqs)
     assert outputs(seqs) == alone
     assert eng.scheduler.num_preemptions > 0
@@ -336,7 +339,8 @@ def test_min_acceptance_turns_speculation_off_for_a_request_whose_drafts_miss(pa
     eng = llm.engine
     seq = eng.add_request(prompt, sp)
     right = tiny.OracleDrafter(lambda s: ar)
-    eng.runner.draft = lambda work: {k: [(x + 1) % tiny.VOCAB for x in v] for k, v in right(work).items()}
+    eng.proposer.propose = tiny.as_propose(
+        lambda work: {k: [(x + 1) % tiny.VOCAB for x in v] for k, v in right(work).items()})
     while eng.has_unfinished():
         eng.step()
     assert seq.output_ids == ar
@@ -369,7 +373,7 @@ def test_metrics_add_up_per_iteration_per_request_and_cache(pair):
     while eng.has_unfinished():
         eng.step()
         usage.append(eng.stats()["cache_usage"])
-    outs = [llm._output(s) for s in seqs]
+    outs = [llm.output(s) for s in seqs]
     its = eng.metrics.iterations
     assert sum(it.num_tokens for it in its) == sum(len(o.token_ids) for o in outs) == 120
     assert sum(it.drafted for it in its) == sum(o.drafted for o in outs) > 0

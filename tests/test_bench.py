@@ -15,7 +15,7 @@ from dflash_trt.bench import datasets as D
 from dflash_trt.bench.metrics import RequestRecord, acceptance_by_position, percentile, summarize
 from dflash_trt.bench.recommend import compress, recommend, schedule_json, trtllm_yaml
 from dflash_trt.bench.report import SCHEMA_VERSION, build_report, validate_report
-from dflash_trt.engine_config import EngineConfig
+from dflash_trt.spec.config import SpecConfig
 from dflash_trt.errors import DFlashError
 
 
@@ -177,7 +177,7 @@ def test_recommend_schedule_on_a_synthetic_sweep():
     rec = recommend(SWEEP + [adaptive])
     assert rec["draft_len_schedule"] == {1: 7, 2: 3, 8: 0} and rec["max_draft_len"] == 7
     assert rec["unconstrained_best"] == {1: 7, 2: 3, 4: 0, 8: 0}
-    cfg = EngineConfig(draft_len_schedule=schedule_json(rec["draft_len_schedule"]))  # JSON string keys work
+    cfg = SpecConfig(draft_len_schedule=schedule_json(rec["draft_len_schedule"]))  # JSON string keys work
     for c, best in rec["unconstrained_best"].items():
         assert cfg.draft_len_for(c, 15) == best
     assert cfg.draft_len_for(3, 15) == 0  # between keys: the next larger threshold (4 -> 8) applies
@@ -243,7 +243,7 @@ def test_cli_end_to_end_tiny(pair, tmp_path, capsys):
     assert rep["dataset"]["cycled"] == 1
     sched = json.loads((out / "draft_len_schedule.json").read_text())
     assert "1" in sched and set(sched.values()) <= {0, 3}
-    EngineConfig(draft_len_schedule=sched)  # our runtime takes the file as it is
+    SpecConfig(draft_len_schedule=sched)  # our runtime takes the file as it is
     assert "draft_len_schedule" in (out / "draft_len_schedule.yaml").read_text()
     lines = [json.loads(x) for x in export.read_text().splitlines()]
     assert [x["task_id"] for x in lines] == [0, 1, 2, 3] and all(x["output_tokens"] == 8 for x in lines)

@@ -3,7 +3,7 @@ import pytest
 
 import tiny
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.draft_policy import (CPU_MIN_CONFIDENCE, AcceptanceEstimate, DraftLengthPolicy, StepCosts,
+from dflash_trt.spec.policy import (CPU_MIN_CONFIDENCE, AcceptanceEstimate, DraftLengthPolicy, StepCosts,
                                      best_draft_len, confident_prefixes, expected_tokens)
 from dflash_trt.errors import DFlashError
 
@@ -70,11 +70,11 @@ def test_policy_probes_after_giving_up_and_fixed_mode_keeps_k():
         e.update(7, 7)  # the text became predictable
     assert pol.choose(e, 7, 1) > 1 and e.probe_gap == 0 and e.idle == 0  # drafting again, short waits next time
     assert DraftLengthPolicy("fixed", CPU).choose(e, 7, 1) == 7
-    from dflash_trt.engine_config import EngineConfig
+    from dflash_trt.spec.config import SpecConfig
     with pytest.raises(DFlashError, match="draft_len_policy"):
-        EngineConfig(draft_len_policy="greedy")
+        SpecConfig(draft_len_policy="greedy")
     with pytest.raises(DFlashError, match="step_costs"):
-        EngineConfig(step_costs={"rows": 0.1})
+        SpecConfig(step_costs={"rows": 0.1})
 
 
 def test_engine_drafts_long_when_drafts_land_and_stops_when_they_do_not(tmp_path):
@@ -98,7 +98,7 @@ def test_engine_drafts_long_when_drafts_land_and_stops_when_they_do_not(tmp_path
                     out[s.seq_id] = dr if right else [(x + 1) % tiny.VOCAB for x in dr]
                 return out
 
-            llm.engine.runner.draft = oracle
+            llm.engine.proposer.propose = tiny.as_propose(oracle)
             outs = llm.generate(prompts, sp)
             assert [o.token_ids for o in outs] == ar  # lossless whatever K
             ks = [len(dr) for o in outs for dr, _ in o.trace]
@@ -123,9 +123,9 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     assert eng.blocks.num_free == eng.blocks.num_blocks
     given = LLM(target=t, draft=d, step_costs={"row": 0.5, "draft": 0.25, "draft_row": 0.125}).engine.policy.costs
     assert (given.row, given.draft, given.draft_row) == (0.5, 0.25, 0.125)
-    from dflash_trt.calibrate import measure_step_costs
+    from dflash_trt.spec.calibrate import measure_step_costs
     from dflash_trt.kv_cache import BlockManager, CacheBlocks
-    assert measure_step_costs(eng.runner, CacheBlocks(BlockManager(2, eng.blocks.block_size)), 0) is None
+    assert measure_step_costs(eng.runner, eng.proposer, CacheBlocks(BlockManager(2, eng.blocks.block_size)), 0) is None
 
 
 def test_confident_prefixes_cut_before_the_first_doubted_draft_after_the_first():
@@ -139,8 +139,8 @@ def test_confident_prefixes_cut_before_the_first_doubted_draft_after_the_first()
 
 def test_min_draft_confidence_defaults_to_on_for_cpu_adaptive_only(tmp_path):
     t, d = tiny.accepting_pair(str(tmp_path))
-    assert LLM(target=t, draft=d).engine.runner.min_confidence == CPU_MIN_CONFIDENCE > 0
-    assert LLM(target=t, draft=d, draft_len_policy="fixed").engine.runner.min_confidence == 0.0
-    assert LLM(target=t, draft=d, draft_len_policy="fixed", min_draft_confidence=0.3).engine.runner.min_confidence == 0.3
+    assert LLM(target=t, draft=d).engine.policy.min_confidence == CPU_MIN_CONFIDENCE > 0
+    assert LLM(target=t, draft=d, draft_len_policy="fixed").engine.policy.min_confidence == 0.0
+    assert LLM(target=t, draft=d, draft_len_policy="fixed", min_draft_confidence=0.3).engine.policy.min_confidence == 0.3
     with pytest.raises(DFlashError, match="min_draft_confidence must be in"):
         LLM(target=t, draft=d, min_draft_confidence=1.5)

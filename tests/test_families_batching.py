@@ -68,7 +68,7 @@ def main_block_budget(t, d, pages, **engine):
     latent rows and the window split are counted as the engine counts them."""
     eng = LLM(target=t, draft=d, **engine).engine
     main = eng.blocks.main.num_blocks
-    caches = eng.runner.target_caches + eng.runner.draft_caches
+    caches = eng.runner.target_caches + eng.proposer.caches
     per_block = sum((k.numel() * k.element_size() + v.numel() * v.element_size()) // main
                     for k, v in caches if k.shape[0] == main)
     window = sum(k.numel() * k.element_size() + v.numel() * v.element_size()

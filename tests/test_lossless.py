@@ -53,7 +53,7 @@ def test_every_acceptance_length_is_exercised(b16_pairs, k):
     seqs = [eng.add_request(p, sp) for p in ps]
     truth = {s.seq_id: a.token_ids for s, a in zip(seqs, ar)}
     oracle = tiny.OracleDrafter(lambda s: truth[s.seq_id])
-    eng.runner.draft = oracle
+    eng.proposer.propose = tiny.as_propose(oracle)
     while eng.has_unfinished():
         eng.step()
     lengths = set()
@@ -77,9 +77,9 @@ def test_compiled_ops_are_the_default_and_match_the_pytorch_path(b16_pairs):
     t, d = b16_pairs["qwen3"]
     ps = prompts(6, seed=3)
     compiled = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True)
-    assert compiled.engine.runner.ops is not None, "the plugins' CPU ops should build and be used by default"
+    assert compiled.engine.ops is not None, "the plugins' CPU ops should build and be used by default"
     torch_path = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True, use_plugins=False)
-    assert torch_path.engine.runner.ops is None
+    assert torch_path.engine.ops is None
     for sp in (SamplingParams(max_tokens=20, ignore_eos=True),
                SamplingParams(max_tokens=20, ignore_eos=True, temperature=0.7, top_p=0.9, seed=5)):
         a, b = compiled.generate(ps, sp), torch_path.generate(ps, sp)

@@ -131,10 +131,10 @@ def test_prepare_draft_blocks_random():
 
 
 def test_prepare_draft_blocks_matches_model_runner_slots():
-    """ctx_slots equal ModelRunner._slots(table, 0, start) and the block ids the runner builds."""
-    from dflash_trt.model_runner import ModelRunner
+    """ctx_slots equal DFlashProposer.slots(table, 0, start) and the block ids the proposer builds."""
+    from dflash_trt.spec.dflash import DFlashProposer
 
-    runner = ModelRunner.__new__(ModelRunner)
+    runner = DFlashProposer.__new__(DFlashProposer)
     runner.page, runner.device = 16, torch.device("cpu")
     tables = [[7, 3, 9], [2], [11, 4, 5]]
     starts, last = [37, 0, 40], [5, 6, 7]
@@ -142,7 +142,7 @@ def test_prepare_draft_blocks_matches_model_runner_slots():
     ids, pos, slots, offs = dflash_ops.prepare_draft_blocks(torch.tensor(last), torch.tensor(starts), bt,
                                                             block_size=8, mask_token_id=99, page_size=16)
     for r in range(3):
-        assert torch.equal(slots[offs[r]:offs[r + 1]], runner._slots(tables[r], 0, starts[r]))
+        assert torch.equal(slots[offs[r]:offs[r + 1]], runner.slots(tables[r], 0, starts[r]))
         assert ids[r * 8:(r + 1) * 8].tolist() == [last[r]] + [99] * 7
         assert pos[r * 8:(r + 1) * 8].tolist() == list(range(starts[r], starts[r] + 8))
 

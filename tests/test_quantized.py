@@ -157,7 +157,7 @@ def test_engine_dirs_are_lossless_at_every_acceptance_length(accepting, fmt):
 
     ar = dict(zip(map(tuple, PROMPTS), _ar(accepting[fmt])))
     llm = dflash_trt.LLM(accepting[fmt], draft_len_policy="fixed", trace=True)
-    llm.engine.runner.draft = tiny.OracleDrafter(lambda s: ar[tuple(s.prompt_ids)])
+    llm.engine.proposer.propose = tiny.as_propose(tiny.OracleDrafter(lambda s: ar[tuple(s.prompt_ids)]))
     out = llm.generate(PROMPTS, dflash_trt.SamplingParams(max_tokens=24, ignore_eos=True))
     assert [o.token_ids for o in out] == list(ar.values())
     k = llm.engine.max_draft_len

@@ -49,7 +49,7 @@ def pair(tmp_path_factory):
 def propose_always(llm, token):
     """Replace the drafter's proposals by one fixed token (the target's mode): acceptance becomes frequent
     at T > 0, so a biased acceptance rule would visibly skew the distribution."""
-    llm.engine.runner.draft = lambda work: {w.seq.seq_id: [token] * w.draft_len for w in work}
+    llm.engine.proposer.propose = tiny.as_propose(lambda work: {w.seq.seq_id: [token] * w.draft_len for w in work})
     return llm
 
 

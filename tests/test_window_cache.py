@@ -20,9 +20,9 @@ def pair(tmp_path_factory):
 
 
 def cache_bytes(llm) -> int:
-    r = llm.engine.runner
+    e = llm.engine
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size()
-               for k, v in r.target_caches + r.draft_caches)
+               for k, v in e.runner.target_caches + e.proposer.caches)
 
 
 def run_tracking(llm, prompts, sp):
@@ -64,7 +64,7 @@ def test_window_layers_hold_a_window_of_blocks_and_decode_the_same_tokens(pair):
     # full-attention layers stay in the main pool; only the target's windowed layers use the window pool
     r, main, win = eng.runner, eng.blocks.main.num_blocks, eng.blocks.window.num_blocks + 1  # + the null block
     assert DraftConfig.from_dir(d).layer_types[0] == "sliding_attention"
-    assert [k.shape[0] for k, _ in r.draft_caches] == [main] * len(r.draft_caches)
+    assert [k.shape[0] for k, _ in eng.proposer.caches] == [main] * len(eng.proposer.caches)
     assert [k.shape[0] for k, _ in r.target_caches] == [win if i % 2 == 0 else main for i in range(4)]
 
 

@@ -81,8 +81,7 @@ def first_draft_logits(t, d, prompt):
     captured = {}
     orig = eng.drafter.logits
     eng.drafter.logits = lambda h, w: captured.setdefault("l", orig(h, w))
-    eng.runner.write_context([seq])  # the prompt's drafter context (written lazily, before a draft)
-    eng.runner.draft([Scheduled(seq, block_size, block_size - 1, False)])
+    eng.proposer.propose([Scheduled(seq, block_size, block_size - 1, False)])  # writes the prompt's context first
     return captured["l"].float()
 
 

@@ -165,6 +165,16 @@ def accepting_pair(root: str, block_size: int = 8, **target_kw) -> tuple[str, st
     return t, d
 
 
+def as_propose(drafts_of):
+    """A proposer's `propose` from a function of the drafting work items -> {seq_id: drafts} (test oracles)."""
+    from dflash_trt.spec.interface import Proposal
+
+    def propose(work, want_confidence=False):
+        work = [w for w in work if w.draft_len > 0]
+        return Proposal(drafts_of(work) if work else {})
+    return propose
+
+
 class OracleDrafter:
     """Proposes the target's own continuation, corrupted at a chosen position each step, so every
     acceptance length 0..K occurs."""

@@ -27,7 +27,7 @@ from .sweep import (Encoder, ModelSpec, SweepConfig, Variant, encode_requests, i
                     world_size)
 
 DEFAULT_MAX_TOKENS = 256
-MODES = ("ar", "dflash")
+MODES = ("ar", "dflash", "ngram")
 
 
 def int_list(text: str, flag: str) -> list[int]:
@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--respect-eos", action="store_true", help="stop at EOS (default: ignore it, so every request "
                    "makes exactly its output tokens, as trtllm-bench does)")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template to text prompts")
-    p.add_argument("--modes", default="ar,dflash", help="ar, dflash or both")
+    p.add_argument("--modes", default="ar,dflash", help="comma-separated: ar, dflash, ngram (prompt lookup, no drafter)")
     p.add_argument("--draft-lens", help="DFlash draft lengths, comma-separated (default: block_size - 1)")
     p.add_argument("--output", default="dflash-bench-out", help="output directory")
     p.add_argument("--recommend", action="store_true", help="write the best draft length per batch size as a "
@@ -147,7 +147,8 @@ def main(argv=None) -> int:
 
     import torch
     variants = ([Variant("ar", None)] if "ar" in modes else []) + \
-        ([Variant("dflash", k) for k in draft_lens] if "dflash" in modes else [])
+        ([Variant("dflash", k) for k in draft_lens] if "dflash" in modes else []) + \
+        ([Variant("ngram", k) for k in draft_lens] if "ngram" in modes else [])
     lens = [len(r.input_ids) for r in reqs]
     config = {"dataset": args.dataset, "category": args.category, "num_requests": len(reqs),
               "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": conc, "modes": modes,

@@ -105,7 +105,7 @@ def make_table(points: list[dict], title: str | None = None):
         pos = " ".join(f"{a:.2f}" for a in p["acceptance_by_position"][:4]) or "-"
         ms = lambda d: f"{_f(d['p50'], scale=1e3)}/{_f(d['p90'], scale=1e3)}"  # noqa: E731
         k = str(p["draft_len"]) if p.get("draft_len_policy") != "adaptive" else f"<={p['draft_len']}"
-        t.add_row("AR" if p["mode"] == "ar" else "DFlash", k, str(p["concurrency"]),
+        t.add_row({"ar": "AR", "ngram": "n-gram"}.get(p["mode"], "DFlash"), k, str(p["concurrency"]),
                   _f(p["aggregate_tokens_per_s"]), _f(p["tokens_per_s_per_user"]), ms(p["ttft_s"]), ms(p["tpot_s"]),
                   _f(p["tau"], "{:.2f}"), _f(p["acceptance_rate"], "{:.2f}"), pos)
     return t

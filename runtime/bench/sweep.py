@@ -44,7 +44,7 @@ class ModelSpec:
 
 @dataclass
 class Variant:
-    mode: str  # "ar" | "dflash"
+    mode: str  # "ar" | "dflash" | "ngram"
     draft_len: int | None  # None: the drafter's default (block_size - 1); ignored for ar
 
     @property
@@ -61,13 +61,14 @@ def build_llm(spec: ModelSpec, variant: Variant, max_batch_size: int, max_seq_le
 
     kw = dict(spec.engine_kwargs)
     kw.update(max_batch_size=max_batch_size, max_seq_len=max_seq_len, trace=True)
-    spec_on = variant.mode == "dflash"
+    spec_on = variant.mode != "ar"
     if spec_on and variant.draft_len is not None:
         kw["max_draft_len"] = variant.draft_len
     if spec_on:
         kw["draft_len_policy"] = variant.policy
     try:
-        return LLM(spec.model, target=spec.target, draft=spec.draft if spec_on else None, speculative=spec_on, **kw)
+        return LLM(spec.model, target=spec.target, draft=spec.draft if variant.mode == "dflash" else None,
+                   speculative=variant.mode if spec_on else False, **kw)
     except SystemExit:
         if is_main_process():
             raise
@@ -175,7 +176,7 @@ def run_sweep(spec: ModelSpec, cfg: SweepConfig, reqs: list[Prepared], on_point=
         llm = build_llm(spec, variant, max_c, seq_len)
         if llm is None:  # a tensor-parallel follower: it ran this variant inside LLM(...)
             continue
-        k = llm.engine.max_draft_len if variant.mode == "dflash" else 0
+        k = llm.engine.max_draft_len if variant.mode != "ar" else 0
         if variant.mode == "dflash" and k == 0:
             raise DFlashError("the DFlash engine has no drafter")
         warm_up(llm, reqs, cfg.temperature)
@@ -187,9 +188,10 @@ def run_sweep(spec: ModelSpec, cfg: SweepConfig, reqs: list[Prepared], on_point=
                                                 on_done=progress.update if progress is not None else None)
             summary = summarize(records, cfg.num_devices)
             t0 = min(r.arrival for r in records)
-            label = "AR" if k == 0 else (f"DFlash K={k}" if variant.policy == "fixed" else f"DFlash K<={k} adaptive")
+            name = {"dflash": "DFlash", "ngram": "n-gram"}.get(variant.mode, "AR")
+            label = "AR" if k == 0 else (f"{name} K={k}" if variant.policy == "fixed" else f"{name} K<={k} adaptive")
             point = {"mode": variant.mode, "draft_len": k, "label": label,
-                     "draft_len_policy": variant.policy if variant.mode == "dflash" else None,
+                     "draft_len_policy": variant.policy if variant.mode != "ar" else None,
                      "concurrency": c, **summary, **counters, "elapsed_s": time.perf_counter() - t,
                      "requests": [r.to_json(t0) for r in records]}
             points.append(point)

@@ -29,20 +29,26 @@ def add_engine_args(p, default_max_tokens: int = 256, tensor_parallel: bool = Fa
     p.add_argument("--target", help="Hugging Face target checkpoint directory")
     p.add_argument("--draft", help="DFlash drafter directory (z-lab format)")
     p.add_argument("--max-draft-len", type=int, help="draft tokens per step (<= block_size - 1)")
-    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding")
+    p.add_argument("--spec", choices=("dflash", "ngram", "none"), help="speculative method: dflash (the "
+                   "drafter; default), ngram (prompt lookup: drafts copied from the request's own earlier tokens, no "
+                   "drafter needed), none (autoregressive)")
+    p.add_argument("--no-spec", action="store_true", help="plain autoregressive decoding (= --spec none)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
-    p.add_argument("--max-batch-size", type=int, default=32)
-    p.add_argument("--max-num-tokens", type=int, default=2048)
-    p.add_argument("--max-seq-len", type=int, default=4096)
+    # None: the engine directory's engine.json value, else the engine default (loader.engine_settings)
+    p.add_argument("--max-batch-size", type=int, help="default: engine.json's, else 32")
+    p.add_argument("--max-num-tokens", type=int, help="default: engine.json's, else 2048")
+    p.add_argument("--max-seq-len", type=int, help="default: engine.json's, else 4096")
     if tensor_parallel:
         p.add_argument("--tp-size", type=int, help="tensor-parallel ranks (default: engine.json's tp_size, "
                        "else the MPI world size: `mpirun -n 2 dflash-generate ...`)")
 
 
 def engine_kwargs(args) -> dict:
-    kw = dict(dtype=args.dtype, device=args.device, max_batch_size=args.max_batch_size,
-              max_num_tokens=args.max_num_tokens, max_seq_len=args.max_seq_len)
+    kw = dict(dtype=args.dtype, device=args.device)
+    for k in ("max_batch_size", "max_num_tokens", "max_seq_len"):
+        if getattr(args, k) is not None:
+            kw[k] = getattr(args, k)
     if args.max_draft_len is not None:
         kw["max_draft_len"] = args.max_draft_len
     if getattr(args, "tp_size", None) is not None:
@@ -53,5 +59,12 @@ def engine_kwargs(args) -> dict:
 def make_llm(args, **extra):
     from ..llm import LLM
 
-    return LLM(args.model, target=args.target, draft=args.draft, speculative=not args.no_spec,
+    return LLM(args.model, target=args.target, draft=args.draft, speculative=spec_method(args),
                **engine_kwargs(args), **extra)
+
+
+def spec_method(args):
+    """LLM's `speculative` from --spec / --no-spec."""
+    if args.no_spec or args.spec == "none":
+        return False
+    return args.spec or True

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
             print(json.dumps(rec), flush=True)
         else:
             print(o.text)
-            if not args.no_spec:
+            if o.steps:
                 print(f"[steps {o.steps}, tau {o.tau:.2f}, acceptance rate {o.acceptance_rate:.2f}]",
                       file=sys.stderr)
     return 0

@@ -12,10 +12,10 @@ import socket
 import sys
 
 from ..errors import DFlashError
-from ..cli.common import add_engine_args, user_errors
+from ..cli.common import add_engine_args, spec_method, user_errors
 
 ENV_HOST, ENV_PORT, ENV_KEY = "DFLASH_HOST", "DFLASH_PORT", "DFLASH_API_KEY"
-NATIVE_ONLY = ("dtype", "device", "no_spec", "api_key", "max_queue")
+NATIVE_ONLY = ("dtype", "device", "no_spec", "spec", "api_key", "max_queue")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -68,16 +68,10 @@ def main(argv=None) -> int:
 
 # -- native -------------------------------------------------------------------------------------------------------
 def _engine_defaults(args) -> dict:
-    """EngineConfig keywords: the flags given, else the engine directory's engine.json values, else defaults."""
-    rec = {}
-    if args.model and os.path.isfile(os.path.join(args.model, "engine.json")):
-        with open(os.path.join(args.model, "engine.json")) as f:
-            rec = json.load(f)
+    """EngineConfig keywords from the flags given (engine.json's values for the others: loader.engine_settings)."""
     kw = {}
     for k in ("max_batch_size", "max_num_tokens", "max_seq_len", "max_draft_len"):
         v = getattr(args, k)
-        if v is None and isinstance(rec.get(k), int):
-            v = rec[k]
         if v is not None:
             if v < 1:
                 raise DFlashError(f"--{k.replace('_', '-')} {v} must be a positive integer")
@@ -125,7 +119,7 @@ def _native(args) -> int:
     from ..llm import LLM
     from .app import create_app
 
-    llm = LLM(args.model, target=args.target, draft=args.draft, speculative=not args.no_spec,
+    llm = LLM(args.model, target=args.target, draft=args.draft, speculative=spec_method(args),
               **_engine_defaults(args))
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again once done: to the handler
     # found before it. Ours turns that into _Stopped, so the other ranks are released below and the exit is 0
@@ -136,7 +130,7 @@ def _native(args) -> int:
                          max_queue=args.max_queue)
         srv = app.state.dflash
         c, tp = llm.config, llm.engine.tp_size
-        print(f"dflash-serve: {srv.model_name} ({'DFlash' if c.speculative else 'autoregressive'}, {c.device}"
+        print(f"dflash-serve: {srv.model_name} ({c.spec.method or 'autoregressive'}, {c.device}"
               f"{f', tensor parallel over {tp} ranks' if tp > 1 else ''}, max_batch_size {c.max_batch_size}, "
               f"max_seq_len {c.max_seq_len}, max_queue {srv.max_queue}{', API key required' if srv.api_key else ''})"
               f" on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)

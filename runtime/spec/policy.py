@@ -1,4 +1,11 @@
-"""How many tokens to draft for each request this step: the K that maximises committed tokens per unit of time.
+"""Every draft-length decision, in one place: how many tokens each request drafts this step.
+
+The order of the rules (`SpecPolicy.draft_len`): the request's gate (speculation off after it kept missing, with
+`min_acceptance`), the schedule's cap for the batch size (`draft_len_schedule`, capped by `max_draft_len`), the
+room left (max_tokens, max_seq_len), then the adaptive cost model below (or the cap itself, with "fixed"). After
+the proposer drafted, the confidence cut (`min_draft_confidence`) may end a block early.
+
+The adaptive rule: the K that maximises committed tokens per unit of time.
 
 A request's drafts are accepted position by position with some probability p (estimated from its own history,
 starting from the engine-wide rate), so K drafts commit E(K) = 1 + p + ... + p^K tokens per step. What a step
@@ -16,6 +23,8 @@ seeded sampled tokens are the target's own whatever is drafted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .config import SpecConfig
 
 # fallbacks when nothing is measured. CPU: the development machine (2-core Xeon, embedded SmolLM2-135M pair,
 # fp32, one thread): target step ~60 ms, +5.5 ms per verify row, drafter pass ~8 ms + ~3 ms per request.
@@ -143,3 +152,69 @@ class DraftLengthPolicy:
                 est.idle, k, est.probing = 0, 1, True
                 est.probe_gap = est.probe_gap or self.probe_every
         return k
+
+
+class SpecPolicy:
+    """The policy of one engine: the settings (SpecConfig), the proposer's capabilities and the device decide
+    the defaults; `draft_len` and `cut` are the only places a request's K is set, `observe` the only place its
+    acceptance statistics change."""
+
+    def __init__(self, cfg: SpecConfig, max_draft_len: int, device: str, costs: StepCosts,
+                 supports_confidence: bool = True):
+        self.cfg, self.max_draft_len, self.costs = cfg, max_draft_len, costs
+        self.lengths = DraftLengthPolicy(cfg.draft_len_policy, costs)
+        self.min_confidence = 0.0
+        if supports_confidence:
+            cpu = str(device).startswith("cpu")
+            default = CPU_MIN_CONFIDENCE if cpu and cfg.draft_len_policy == "adaptive" else 0.0
+            self.min_confidence = default if cfg.min_draft_confidence is None else cfg.min_draft_confidence
+
+    @classmethod
+    def for_device(cls, cfg: SpecConfig, max_draft_len: int, device: str, measured: dict | None = None,
+                   pass_cost: bool = True, supports_confidence: bool = True) -> "SpecPolicy":
+        """Costs: given (step_costs), else measured, else the device's fallbacks; a proposer without a model
+        pass (n-gram lookup) drafts for free."""
+        costs = StepCosts.for_device(device, cfg.step_costs or measured)
+        if not pass_cost:
+            costs.draft = costs.draft_row = 0.0
+        return cls(cfg, max_draft_len, device, costs, supports_confidence)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.cfg.draft_len_policy == "adaptive"
+
+    def begin_iteration(self, num_decoding: int) -> int:
+        """The schedule's K for this iteration's batch of decoding requests."""
+        self.lengths.begin_iteration()
+        return self.cfg.draft_len_for(num_decoding, self.max_draft_len) if self.max_draft_len else 0
+
+    def new_request(self, seq) -> None:
+        if self.max_draft_len:
+            seq.acceptance = self.lengths.new_estimate()
+
+    def draft_len(self, seq, k_cap: int, batch: int, max_seq_len: int) -> int:
+        if not self.max_draft_len or not seq.spec_enabled:
+            return 0
+        left = seq.params.max_tokens - seq.num_output  # tokens still allowed; a step commits up to K+1
+        room = max_seq_len - len(seq.token_ids)
+        k = max(0, min(k_cap, left - 1, room))
+        return self.lengths.choose(seq.acceptance, k, batch)
+
+    def cut(self, lens: dict[int, int], confidence: dict[int, list[float]] | None) -> dict[int, int]:
+        """How many of each request's drafts to verify (confident_prefixes), seq_id -> count."""
+        if self.min_confidence <= 0 or confidence is None:
+            return lens
+        ids = list(lens)
+        conf = [c for i in ids for c in confidence[i][:lens[i]]]
+        return dict(zip(ids, confident_prefixes(conf, [lens[i] for i in ids], self.min_confidence)))
+
+    def observe(self, seq, drafted: int, accepted: int) -> None:
+        """A verified step of `drafted` drafts with `accepted` of them accepted."""
+        if seq.acceptance is not None:
+            self.lengths.observe(seq.acceptance, drafted, accepted)
+        seq.accept_hist.append(accepted)
+        w = self.cfg.acceptance_window
+        if self.cfg.min_acceptance > 0 and len(seq.accept_hist) >= w:
+            recent = seq.accept_hist[-w:]
+            if sum(recent) / len(recent) < self.cfg.min_acceptance:
+                seq.spec_enabled = False

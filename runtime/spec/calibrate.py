@@ -1,6 +1,6 @@
 """Measures the draft-length policy's step costs on this machine, with these models, at engine start.
 
-The policy (runtime/draft_policy.py) weighs committed tokens against what a step costs: `fixed` for a target
+The policy (spec/policy.py) weighs committed tokens against what a step costs: `fixed` for a target
 pass, `row` per verify row, `draft` per drafter pass and `draft_row` per drafting request. Those ratios move a lot
 with the device, the thread count and the model size (on this 2-core CPU `row` is 0.09 of a step at one thread
 and 0.055 at two), so constants measured once elsewhere send requests to the wrong K. Real engine steps and
@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from .sampling import SamplingParams
-from .scheduler import Scheduled
-from .sequence import Sequence
+from ..sampling import SamplingParams
+from ..scheduler import Scheduled
+from ..sequence import Sequence
 
 CONTEXT = 48  # cached positions of each scratch request (attention cost of a short chat turn)
 N = 16  # requests of the wide measurements (more rows: a difference well above the noise)
@@ -39,23 +39,27 @@ def _fastest(runs: dict, tries: int) -> dict:
     return best
 
 
-def measure_step_costs(runner, blocks, token_id: int, k: int = 3, tries: int = 4) -> dict | None:
-    """Returns {"row", "draft", "draft_row"} in units of a one-row target pass, or None without cache room."""
+def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, tries: int = 4) -> dict | None:
+    """Returns {"row", "draft", "draft_row"} in units of a one-row target pass, or None without cache room.
+    A proposer without a model pass (pass_cost False) drafts for free: only `row` is measured."""
     seqs: list[Sequence] = []
 
     def decode(group):
-        runner.execute([Scheduled(s, 1, 0, False) for s in group])
+        runner.run([Scheduled(s, 1, 0, False) for s in group], {})
 
     def draft(group):  # what a drafting request adds to a step: its last K+1 rows' context, then the drafter
         for s in group:
             pos = torch.arange(CONTEXT - k - 1, CONTEXT)
             table = torch.tensor(s.block_table)
             slots = table[pos // blocks.block_size] * blocks.block_size + pos % blocks.block_size
-            feats = torch.zeros(k + 1, runner.drafter.fc.weight.shape[1], dtype=runner.drafter.fc.weight.dtype)
-            s.ctx_pending = [(feats.to(runner.device), pos.to(runner.device), slots.to(runner.device))]
-        runner.write_context(group)
-        runner.draft([Scheduled(s, k + 1, k, False) for s in group])
+            w = proposer.drafter.fc.weight
+            proposer.pending[s.seq_id] = [(torch.zeros(k + 1, w.shape[1], dtype=w.dtype, device=runner.device),
+                                           pos.to(runner.device), slots.to(runner.device))]
+        proposer.propose([Scheduled(s, k + 1, k, False) for s in group])
 
+    runs = {"one": decode, "wide": decode}
+    if proposer.pass_cost:
+        runs.update(d_one=draft, d_wide=draft)
     try:
         for _ in range(N):
             s = Sequence([token_id] * CONTEXT, SamplingParams(max_tokens=k + 1, seed=0))
@@ -64,13 +68,17 @@ def measure_step_costs(runner, blocks, token_id: int, k: int = 3, tries: int = 4
                 return None
             blocks.grow(s, CONTEXT + k + 1)
             seqs.append(s)
-        t = _fastest({"one": (decode, seqs[:1]), "wide": (decode, seqs), "d_one": (draft, seqs[:1]),
-                      "d_wide": (draft, seqs)}, tries)
-        one, wide, d_one, d_wide = t["one"], t["wide"], t["d_one"], t["d_wide"]
+        t = _fastest({name: (fn, seqs[:1] if name in ("one", "d_one") else seqs) for name, fn in runs.items()},
+                     tries)
     finally:
         for s in seqs:
             blocks.release(s)
+            proposer.release(s)
+    one, wide = t["one"], t["wide"]
     r = max((wide - one) / (N - 1), 0.0)
     fixed = max(one - r, 1e-6)
+    if not proposer.pass_cost:
+        return {"row": r / fixed, "draft": 0.0, "draft_row": 0.0}
+    d_one, d_wide = t["d_one"], t["d_wide"]
     d = max((d_wide - d_one) / (N - 1), 0.0)
     return {"row": r / fixed, "draft": max(d_one - d, 0.0) / fixed, "draft_row": d / fixed}

@@ -1,0 +1,59 @@
+"""The contract between the engine and a speculative method (a proposer).
+
+Each iteration the engine asks the proposer for drafts for the scheduled decoding requests (`propose`), runs
+the target once over every prefill chunk and verify block, verifies (spec/verify.py), then tells the proposer
+what was committed (`observe`) so it can keep whatever per-request state it needs for the next proposal. A
+proposer never writes request state: the scheduler's postprocess does, from the verified tokens.
+
+Capabilities are queried, never inferred from the method's name:
+- `needs_target_features`: the target pass must capture the hidden states of `feature_layers` (DFlash);
+- `pass_cost`: a proposal runs a model (its cost enters the policy's cost model); False: it is nearly free;
+- `supports_confidence`: proposals carry the proposer's own probability per draft (the policy's confidence cut);
+- `needs_state_rollback`: the proposer keeps state past the accepted prefix that must be rolled back after
+  verification (a recurrent drafter); `observe`'s committed row counts say where
+  each request's state must end. A target with recurrent layers (hybrid attention) asks the same of the
+  target's state pool, not of the proposer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Proposal:
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> draft tokens (<= its draft_len)
+    confidence: dict[int, list[float]] | None = None  # seq_id -> the proposer's probability of each draft
+
+
+@dataclass
+class TargetPass:
+    """What one target pass produced, for the proposer's observation: the packed rows of each request."""
+    rows: dict[int, tuple[int, int]]  # seq_id -> (first packed row, rows)
+    features: object | None  # [rows, n * hidden] captured target features (needs_target_features only)
+    positions: object  # [rows] absolute positions
+    slot_mapping: object  # [rows] flat cache slots
+
+
+class Proposer:
+    name = "none"
+    needs_target_features = False
+    pass_cost = False
+    supports_confidence = False
+    needs_state_rollback = False
+    feature_layers: list[int] = []
+
+    def max_draft_len(self, requested: int | None) -> int:
+        """The most tokens one request may draft per step (0: this proposer never drafts)."""
+        return 0
+
+    def propose(self, work: list, want_confidence: bool = False) -> Proposal:
+        """Drafts for every scheduled request with draft_len > 0 (at most draft_len tokens each; fewer, or none,
+        when the proposer has nothing worth verifying)."""
+        return Proposal()
+
+    def observe(self, work: list, target_pass: TargetPass, committed_rows: dict[int, int]) -> None:
+        """After verification: how many of each request's packed rows are committed (a prefill chunk: all of
+        them; a verify block: the bonus row and the accepted drafts' rows). Rows past them were rejected."""
+
+    def release(self, seq) -> None:
+        """The request finished, was aborted or preempted: drop what the proposer keeps for it."""
