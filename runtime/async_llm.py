@@ -5,7 +5,7 @@ is new since the previous item; breaking out of it (or cancelling the task, or a
 server) aborts the request, and its cache blocks are freed before the next iteration.
 
 Under tensor parallelism (`mpirun -n N`, only rank 0 gets an LLM to wrap) this thread is the only one that
-talks to the other ranks: every `engine.step()` (the driver, tensor_parallel.SPMD) sends them the step's
+talks to the other ranks: every `engine.step()` (the driver, spmd.SPMD) sends them the step's
 requests and aborts, and while idle it sends a heartbeat every `heartbeat_s` renewing a lease of `follower_timeout_s` (default DFLASH_TP_TIMEOUT, 60 s),
 so followers of a hung rank 0 exit instead of waiting forever (runtime/tensor_parallel.py, SPMD).
 """
@@ -47,7 +47,7 @@ class AsyncLLM:
         self.llm = llm  # admission limits (429) are the server's job: this class never refuses a request
         self._lease_s = None  # under tensor parallelism: the followers' timeout, renewed by heartbeats
         if llm.engine.dist is not None:
-            from .tensor_parallel import serve_lease_s
+            from .spmd import serve_lease_s
 
             self._lease_s = follower_timeout_s or serve_lease_s()
             if not 0 < heartbeat_s < self._lease_s:

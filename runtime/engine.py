@@ -136,7 +136,7 @@ class LLMEngine:
     def release(self, seq: Sequence) -> None:
         self.sequences.pop(seq.request_id, None)
 
-    # the serving loop's calls, which only the tensor-parallel driver (tensor_parallel.SPMD) gives meaning to
+    # the serving loop's calls, which only the tensor-parallel driver (spmd.SPMD) gives meaning to
     def idle_wait_s(self, heartbeat_s: float) -> float | None:
         return None  # alone, an idle loop may sleep until a request arrives
 

@@ -7,7 +7,7 @@ from .engine import LLMEngine
 from .engine_config import EngineConfig
 from .errors import DFlashError
 from .loader import engine_settings, resolve_paths
-from .tensor_parallel import SPMD
+from .spmd import SPMD
 from .sampling import SamplingParams
 from .sequence import Sequence
 

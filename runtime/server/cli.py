@@ -104,7 +104,7 @@ def _native(args) -> int:
     """Under `mpirun -n N` every rank gets here: rank 0 serves HTTP; the others never return from LLM(...), they
     execute each engine step rank 0's AsyncLLM sends them and exit when it shuts the engine down."""
     from ..distributed import driver_check
-    from ..tensor_parallel import serve_lease_s
+    from ..spmd import serve_lease_s
 
     if args.max_queue is not None and args.max_queue < 1:
         raise DFlashError(f"--max-queue {args.max_queue} must be a positive integer")
