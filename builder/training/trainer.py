@@ -282,7 +282,9 @@ class Trainer:
         self.step += 1
         return total, rows
 
-    def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None) -> None:
+    def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None) -> int | None:
+        """Train to the end of the schedule or budget; returns the number of the signal that stopped it early
+        (after saving), else None."""
         cfg = self.cfg
         k = max_draft_len or self.d.cfg.block_size - 1
         budget = cfg.time_budget_min * 60 if cfg.time_budget_min else None
@@ -301,7 +303,7 @@ class Trainer:
         restore = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                restore[sig] = signal.signal(sig, lambda *_: stop.append(1))
+                restore[sig] = signal.signal(sig, lambda signum, _: stop.append(signum))
         try:
             self._loop(cfg, record, eval_seqs, export, budget, session_end, stop)
         finally:
@@ -312,6 +314,7 @@ class Trainer:
         self.save(export)
         with open(os.path.join(self.out, "history.json"), "w") as f:
             json.dump(self.history, f, indent=1)
+        return stop[0] if stop else None
 
     def _loop(self, cfg, record, eval_seqs, export, budget, session_end, stop) -> None:
         t_last, rows_acc = time.time(), 0
