@@ -26,7 +26,7 @@ SALT = "dflash-heldout-v1"
 # requests) give a few percent; the small templated ones (8 arithmetic forms, 30 tasks or topics, 10-12
 # templates) a larger share so that at least one group of each is held out (tests/test_train_split.py checks it
 # over prompts.py's whole universe).
-FRACTIONS = {"stdlib": 0.04, "task": 0.12, "topic": 0.12, "maths": 0.2, "errand": 0.2, "open": 0.1,
+FRACTIONS = {"stdlib": 0.04, "task": 0.12, "topic": 0.12, "maths": 0.2, "errand": 0.05, "open": 0.1,
              "magpie": 0.04, "other": 0.05}
 
 # Families of kinds, the rows of reports: code, chat, maths, Magpie (the target's own requests).
@@ -75,8 +75,8 @@ def task_key(rec: dict) -> str:
     if not isinstance(text, str):
         ids = rec.get("prompt_ids") or []
         return "other:" + hashlib.sha256(repr(list(ids)).encode()).hexdigest()
-    if kind.startswith("magpie"):
-        return "magpie:" + _norm(text)
+    if kind.startswith("magpie"):  # one namespace per domain: each is held out even in small data
+        return f"{kind}:" + _norm(text)
     for pat, fields, ns in _TEMPLATES.get(kind, ()):
         m = pat.match(text)
         if m:
@@ -106,22 +106,27 @@ def key_hash(key: str) -> float:
 
 
 def namespace(key: str) -> str:
+    """The key's namespace: its fraction, and the groups among which a fallback is chosen."""
     ns = key.split(":", 1)[0]
-    return ns if ns in FRACTIONS else "other"
+    return ns if ns in FRACTIONS or ns.startswith("magpie") else "other"
 
 
-def held_out_keys(keys, fractions: dict | None = None) -> set[str]:
+def fraction(ns: str, fractions: dict) -> float:
+    return fractions["magpie" if ns.startswith("magpie") else ns]
+
+
+def held_out_keys(keys, fractions: dict | None = None, fallback: bool = True) -> set[str]:
     """The held-out groups among `keys` (those of a data set): below the fraction, plus each namespace's fallback.
     fractions: a run's recorded FRACTIONS (OUTPUT/split.json), so that a later change here cannot move its
     training records into its held-out set."""
     fr = {**FRACTIONS, **(fractions or {})}
     keys = set(keys)
-    out = {k for k in keys if key_hash(k) < fr[namespace(k)]}
+    out = {k for k in keys if key_hash(k) < fraction(namespace(k), fr)}
     by_ns: dict[str, list[str]] = {}
     for k in keys:
         by_ns.setdefault(namespace(k), []).append(k)
     for ns, ks in by_ns.items():
-        if len(ks) > 1 and not any(k in out for k in ks):
+        if fallback and len(ks) > 1 and not any(k in out for k in ks):
             out.add(min(ks, key=key_hash))
     return out
 
