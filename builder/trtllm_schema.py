@@ -30,8 +30,8 @@ class F:
 
 
 # DFlashDecodingConfig(DecodingBaseConfig), 1.4.0rc1: every field of the signature. moe_backend,
-# spec_dec_variant, context_recompute_tail and skip_ctx_buffer_budget_check are new since 1.3.0rc27, and
-# attention_backend gained FA4 (Hopper SM90) beside TRTLLM (trtllm-gen, Blackwell SM100/SM103).
+# spec_dec_variant, context_recompute_tail and skip_ctx_buffer_budget_check are new since 1.3.0rc27;
+# attention_backend: VANILLA (portable), FA4 (Hopper SM90), TRTLLM (trtllm-gen kernels, Blackwell SM100/SM103).
 DFLASH_DECODING_CONFIG = {
     "decoding_type": F("str", choices=("DFlash",), nullable=False),
     "max_draft_len": F("int", ge=0),

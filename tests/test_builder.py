@@ -366,12 +366,15 @@ def test_calibration_sources(pairs, built):
 
 
 def test_dflash_yaml(built):
+    from dflash_trt.builder.trtllm_schema import problems
+
     yaml = pytest.importorskip("yaml")
     for name, engine in built.items():
         rec = record(engine)
         with open(os.path.join(engine, "trtllm", "dflash.yaml")) as f:
             text = f.read()
         y = yaml.safe_load(text)
+        assert problems(y) == [], name  # every key and value exists in the pinned TensorRT-LLM release
         assert text.startswith(f"# TensorRT-LLM {rec['tensorrt_llm_version']} LLM-API options")
         assert set(y) == {"speculative_config", "max_seq_len", "max_batch_size", "max_num_tokens",
                           "cuda_graph_config", "kv_cache_config", "enable_chunked_prefill", "attn_backend"}

@@ -203,3 +203,15 @@ def test_every_written_field_is_in_the_field_list():
                     max_batch_size=2, max_num_tokens=64, kv_cache_dtype=kv, ep_size=ep, kv_cache_reuse=reuse,
                     context_recompute_tail=32 if reuse else None)
                 assert schema.problems(opts) == []
+
+
+def test_one_pinned_version_everywhere():
+    """The Dockerfile's base image, the docs and the generated files name the release the field list is from."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "Dockerfile")) as f:
+        assert re.search(r"^ARG TRTLLM_VERSION=(\S+)$", f.read(), re.M).group(1) == schema.TRTLLM_VERSION
+    with open(os.path.join(root, "docs", "serving.md")) as f:
+        assert re.findall(r"TensorRT-LLM \(`(\S+?)`", f.read()) == [schema.TRTLLM_VERSION]
+    assert trtllm.TRTLLM_VERSION == schema.TRTLLM_VERSION
+    assert f"tensorrt_llm=={schema.TRTLLM_VERSION}" in trtllm.serve_script(
+        tool_version="x", tp_size=1, max_seq_len=8, max_batch_size=1, max_num_tokens=8)
