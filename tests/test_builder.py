@@ -317,11 +317,15 @@ def test_engine_json_records_everything(pairs, built):
         rec = record(engine)
         for key in ("format_version", "tool", "sources", "quantization", "kv_cache_dtype", "tp_size", "block_size",
                     "max_draft_len", "target_layer_ids", "mask_token_id", "max_seq_len", "max_batch_size",
-                    "tensorrt_llm_version", "files"):
+                    "tensorrt_llm_version", "files", "gpu", "drafter_attention_backend", "kv_cache_reuse",
+                    "context_recompute_tail", "rejection_sampling", "stacks"):
             assert key in rec, (name, key)
         assert rec["format_version"] == FORMAT_VERSION
         assert rec["tool"] == {"name": "dflash-build", "version": __version__}
-        assert rec["tensorrt_llm_version"] == TRTLLM_VERSION and TRTLLM_VERSION.startswith("1.3.0rc")
+        assert rec["tensorrt_llm_version"] == TRTLLM_VERSION == "1.4.0rc1"
+        assert (rec["gpu"], rec["drafter_attention_backend"], rec["kv_cache_reuse"], rec["context_recompute_tail"],
+                rec["rejection_sampling"], rec["stacks"]) == (None, "VANILLA", False, None, True,
+                                                              ["trtllm", "vllm", "sglang"])
         t, d = pairs[PAIR[name]]
         assert (rec["sources"]["target"], rec["sources"]["draft"]) == (t, d)
         dcfg = _drafter_config(pairs, name)
