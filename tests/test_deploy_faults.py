@@ -4,7 +4,6 @@ import errno
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
