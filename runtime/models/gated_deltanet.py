@@ -269,7 +269,8 @@ class GatedDeltaNet(nn.Module):
         conv, rec = pool.conv[ordinal], pool.rec[ordinal]
         slots = torch.tensor(lb.slots, device=x.device)
         y, nc, nr, inter = self.run(x, lb.starts, lb.lens, conv.index_select(0, slots),
-                                    rec.index_select(0, slots), lb.keep_segments(), lb.chunked_min)
+                                    rec.index_select(0, slots), lb.keep_segments() if lb.intermediates else (),
+                                    lb.chunked_min)
         write = [i for i in range(len(lb.slots)) if not lb.keep[i]]
         if write:
             w = torch.tensor(write, device=x.device)
@@ -291,12 +292,15 @@ class _GatedNormWeight(nn.Module):
 class LinearBatch:
     """Per step, the linear-attention view of a packed batch: segment s (AttentionBatch.seqs order) is rows
     starts[s] .. + lens[s] and owns pool slot slots[s]; keep[s] marks a verify block, whose slot is left at the
-    pre-verify state while its per-row states wait in `pending` for `LinearStatePool.commit`."""
+    pre-verify state while its per-row states wait in `pending` for `LinearStatePool.commit`.
+    intermediates False: snapshot-and-replay; verify slots keep the pre-verify state and nothing is recorded,
+    the caller then runs the accepted rows again as a plain (non-verify) segment."""
     slots: list[int]
     starts: list[int]
     lens: list[int]
     keep: list[bool]
     chunked_min: int | None = None
+    intermediates: bool = True
     pending: dict = field(default_factory=dict, repr=False)  # linear-layer ordinal -> {segment: (conv, rec)}
 
     @classmethod

@@ -322,9 +322,10 @@ class HybridRunner:
         self.length[slot] = 0
         self.pool.clear(slot)
 
-    def step(self, segments, capture: bool = False, chunked_min: int | None = None):
+    def step(self, segments, capture: bool = False, chunked_min: int | None = None, intermediates: bool = True):
         """segments: (slot, tokens, verify) per request. Non-verify segments are committed at once; a verify
-        segment waits for accept(). Returns per segment its fp32 logits [L, V] and captured features (or None)."""
+        segment waits for accept() (intermediates False: snapshot-and-replay, see replay()). Returns per
+        segment its fp32 logits [L, V] and captured features (or None)."""
         rows, ids, pos = [], [], []
         for slot, toks, _ in segments:
             start = self.length[slot]
@@ -335,6 +336,7 @@ class HybridRunner:
         batch = AttentionBatch.build(rows, self.block_size, self.device)
         lb = LinearBatch.from_attention(batch, [s for s, _, _ in segments], [v for _, _, v in segments],
                                         chunked_min)
+        lb.intermediates = intermediates
         with torch.no_grad():
             h, feats = self.model(torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device),
                                   self.kv, batch, capture, states=self.pool, linear=lb)
@@ -354,6 +356,13 @@ class HybridRunner:
         dead and overwritten later; the linear state becomes the one after row rows - 1)."""
         self.pool.commit(self.last, segment, rows)
         self.length[self.last.slots[segment]] += rows
+
+    def replay(self, slot: int, tokens) -> None:
+        """Snapshot-and-replay commit of a verify step run with intermediates=False: the slot still holds the
+        pre-verify state, so running the accepted tokens again as a plain segment brings the state (and the KV
+        rows, rewritten with the same values) to the committed prefix."""
+        if tokens:
+            self.step([(slot, list(tokens), False)])
 
     def prefill(self, slot: int, tokens, chunk: int | None = None, chunked_min: int | None = None):
         """Fresh request: prefill `tokens` (in chunks of `chunk` rows, if given); returns the last chunk's

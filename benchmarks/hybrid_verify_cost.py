@@ -1,0 +1,152 @@
+"""Verify-block cost of a hybrid (Gated DeltaNet + full attention) layer stack against an attention-only stack of
+the same width, the two ways to roll the linear-attention state back, and the state bytes per request.
+
+    OMP_NUM_THREADS=1 python benchmarks/hybrid_verify_cost.py [--hidden 512 --layers 8 --ctx 1024 --k 15]
+
+Random weights, batch-invariant CPU kernels (the engine's CPU default). Contexts are not prefilled: the KV rows
+and recurrent states hold whatever is there, which costs the same as real ones. Rollback strategies timed:
+  intermediates  verify records the state after every row; commit copies the accepted one (vLLM, TRT-LLM)
+  replay         verify leaves the slot at its snapshot; the accepted a+1 rows run again through the model
+  layer-replay   verify stores each linear layer's input rows; commit re-runs only the linear layers on the
+                 accepted rows from the snapshot (their inputs do not depend on later rows)
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from dflash_trt import ops
+from dflash_trt.models import qwen3_5 as hyb
+
+
+def config(hidden: int, layers: int, interval: int, kind: str):
+    from transformers import Qwen3_5TextConfig
+
+    heads = max(1, hidden // 128)
+    lin = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    types = lin if kind == "hybrid" else ["full_attention"] * layers
+    hf = Qwen3_5TextConfig(vocab_size=1024, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                           num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), head_dim=128,
+                           linear_num_key_heads=max(1, hidden // 128), linear_num_value_heads=max(1, hidden // 64),
+                           linear_key_head_dim=64, linear_value_head_dim=64, layer_types=types,
+                           max_position_embeddings=1 << 16)
+    return hyb.HybridConfig.from_hf(hf)
+
+
+def build(cfg, seed=0):
+    torch.manual_seed(seed)
+    m = hyb.HybridModel(cfg, max_positions=1 << 14)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n.endswith("A_log"):
+                p.uniform_(0, 2)
+            elif "norm" in n or n.endswith("dt_bias"):
+                p.zero_()
+            else:
+                p.normal_(0, 0.02)
+    m.pack()
+    return m.eval()
+
+
+def timed(fn, reps):
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--interval", type=int, default=4, help="full_attention_interval of the hybrid stack")
+    ap.add_argument("--ctx", type=int, default=1024, help="committed tokens before the verify block")
+    ap.add_argument("--k", type=int, default=15, help="drafts per block (K+1 verify rows)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    if not ops.enable_invariant():
+        print("note: invariant kernels unavailable, timing the PyTorch path")
+    k1, acc = args.k + 1, args.k // 2 + 1  # rows verified; rows kept in the replay timings (half accepted)
+    print(f"hidden {args.hidden}, {args.layers} layers, ctx {args.ctx}, K+1 = {k1} verify rows, "
+          f"threads {torch.get_num_threads()}")
+    rows = {}
+    for kind in ("attention", "hybrid"):
+        cfg = config(args.hidden, args.layers, args.interval, kind)
+        m = build(cfg)
+        for b in args.batch:
+            r = hyb.HybridRunner(m, max_seqs=b, max_len=args.ctx + 2 * k1)
+            block = list(range(3, 3 + k1))
+
+            def verify(intermediates=True):
+                for s in range(b):
+                    r.length[s] = args.ctx
+                return r.step([(s, block, True) for s in range(b)], intermediates=intermediates)
+
+            def decode():
+                for s in range(b):
+                    r.length[s] = args.ctx
+                return r.step([(s, [5], False) for s in range(b)])
+
+            t_dec = timed(decode, args.reps)
+            t_ver = timed(verify, args.reps)
+            line = dict(decode=t_dec, verify=t_ver)
+            if kind == "hybrid":
+                def commit():
+                    verify(True)
+                    for s in range(b):
+                        r.accept(s, acc)
+
+                def replay():
+                    verify(False)
+                    for s in range(b):
+                        r.length[s] = args.ctx
+                    r.step([(s, block[:acc], False) for s in range(b)])
+
+                line["verify_no_record"] = timed(lambda: verify(False), args.reps)
+                line["intermediates"] = timed(commit, args.reps)
+                line["replay"] = timed(replay, args.reps)
+                line["layer_replay"] = line["verify_no_record"] + timed(lambda: layer_replay(m, r, b, acc, args),
+                                                                        args.reps)
+            rows[(kind, b)] = line
+        d = cfg.deltanet
+        state = cfg.state_bytes_per_request(torch.bfloat16)
+        kv = cfg.kv_bytes_per_token(torch.bfloat16)
+        inter = len(cfg.linear_layers) * k1 * d.state_bytes(torch.bfloat16)
+        print(f"{kind:9s}: {len(cfg.linear_layers)} linear + {len(cfg.attention_layers)} attention layers; "
+              f"bf16 KV {kv} B/token -> {kv * args.ctx / 2**20:.2f} MiB at ctx {args.ctx}; linear state "
+              f"{state / 2**20:.2f} MiB/request; verify scratch for intermediates {inter / 2**20:.2f} MiB/request; "
+              f"layer-replay scratch {len(cfg.linear_layers) * k1 * args.hidden * 2 / 2**10:.1f} KiB/request")
+    for (kind, b), line in rows.items():
+        extra = "".join(f", {k} {v:.1f}" for k, v in line.items() if k not in ("decode", "verify"))
+        print(f"{kind:9s} batch {b}: decode {line['decode']:.1f} ms, verify {line['verify']:.1f} ms{extra} "
+              f"(ms per step)")
+    for b in args.batch:
+        a, h = rows[("attention", b)], rows[("hybrid", b)]
+        print(f"batch {b}: hybrid / attention-only verify {h['verify'] / a['verify']:.2f}x, "
+              f"verify / decode: attention {a['verify'] / a['decode']:.2f}x, hybrid {h['verify'] / h['decode']:.2f}x")
+
+
+def layer_replay(m, r, b, acc, args):
+    """Commit by re-running only the linear layers over the accepted rows from the slot's snapshot. Their inputs
+    (the normed residual stream at each linear layer) would be stored by the verify pass; the timing uses random
+    rows of the same shape, which costs the same."""
+    x = torch.randn(b * acc, args.hidden)
+    starts, lens = [i * acc for i in range(b)], [acc] * b
+    slots = torch.arange(b)
+    with torch.no_grad():
+        for layer, ordinal in m.ordinal.items():
+            la = m.model.layers[layer].linear_attn
+            _, conv, rec, _ = la.run(x, starts, lens, r.pool.conv[ordinal].index_select(0, slots),
+                                     r.pool.rec[ordinal].index_select(0, slots))
+            r.pool.conv[ordinal].index_copy_(0, slots, conv)
+            r.pool.rec[ordinal].index_copy_(0, slots, rec)
+
+
+if __name__ == "__main__":
+    main()
