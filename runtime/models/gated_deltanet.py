@@ -99,19 +99,20 @@ def recurrent_gated_delta_rule(q, k, v, decay, beta, starts, lens, state, keep=(
     Returns o [T, Hv, Dv] fp32, the final states [B, ...] and, for each segment index in `keep`, its state
     after every row [lens[s], Hv, Dk, Dv]."""
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
-    state = state.clone()
     inter = {s: [] for s in keep}
     for t in range(max(lens, default=0)):
         active = [s for s, n in enumerate(lens) if n > t]
+        everyone = len(active) == len(lens)  # the common case (equal verify blocks, decode rows): no gather
         rows = torch.tensor([starts[s] + t for s in active], device=v.device)
-        sel = torch.tensor(active, device=v.device)
-        st = state.index_select(0, sel) * decay.index_select(0, rows)[..., None, None]
+        sel = None if everyone else torch.tensor(active, device=v.device)
+        st = (state if everyone else state.index_select(0, sel)) * decay.index_select(0, rows)[..., None, None]
         kt = k.index_select(0, rows)[..., :, None]
         mem = tree_sum(st * kt, -2)
         delta = (v.index_select(0, rows) - mem) * beta.index_select(0, rows)[..., None]
         st = st + kt * delta[..., None, :]
         out.index_copy_(0, rows, tree_sum(st * q.index_select(0, rows)[..., :, None], -2))
-        state.index_copy_(0, sel, st)
+        # out of place: earlier steps' tensors are still referenced by the kept per-row states
+        state = st if everyone else state.index_copy(0, sel, st)
         for j, s in enumerate(active):
             if s in inter:
                 inter[s].append(st[j])
