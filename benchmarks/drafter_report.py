@@ -111,6 +111,9 @@ def main() -> int:
     if not groups:
         raise SystemExit(f"error: {args.data} has no held-out record")
     groups[(section, "all")] = [r for (s, row), rs in groups.items() if row.endswith("(all)") for r in rs]
+    for fam in {row.split(" ")[0] for _, row in groups}:  # a family of one kind needs no total of its own
+        if sum(row.startswith(fam + " / ") for _, row in groups) == 1:
+            del groups[(section, f"{fam} (all)")]
     bench = {}
     if not args.no_bench:
         for ds in ("humaneval", "mtbench"):
