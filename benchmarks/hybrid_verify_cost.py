@@ -7,10 +7,10 @@ Random weights, batch-invariant CPU kernels (the engine's CPU default). Contexts
 and recurrent states hold whatever is there, which costs the same as real ones. Each part is timed on its own
 (best of --reps) and the strategies' totals are sums: a verify step plus its commit, with half the drafts
 accepted in the replay timings. Rollback strategies:
-  intermediates  verify records the state after every row; commit copies the accepted one (vLLM, TRT-LLM)
-  replay         verify leaves the slot at its snapshot; the accepted a+1 rows run again through the model
-  layer-replay   verify stores each linear layer's input rows; commit re-runs only the linear layers on the
-                 accepted rows from the snapshot (their inputs do not depend on later rows)
+  states   verify records the state after every row; commit copies the accepted one (vLLM, TensorRT-LLM)
+  inputs   verify records each linear layer's per-row conv input and gate logits; commit re-runs conv, gates and
+           recurrence (no GEMM) over the accepted rows from the snapshot
+  none     verify records nothing; the accepted a+1 rows run through the whole model again
 """
 from __future__ import annotations
 
@@ -88,10 +88,10 @@ def main():
             r = hyb.HybridRunner(m, max_seqs=b, max_len=args.ctx + 2 * k1)
             block = list(range(3, 3 + k1))
 
-            def verify(intermediates=True):
+            def verify(rollback="states"):
                 for s in range(b):
                     r.length[s] = args.ctx
-                return r.step([(s, block, True) for s in range(b)], intermediates=intermediates)
+                return r.step([(s, block, True) for s in range(b)], rollback=rollback)
 
             def decode():
                 for s in range(b):
@@ -112,45 +112,30 @@ def main():
                         r.length[s] = args.ctx
                     r.step([(s, block[:acc], False) for s in range(b)])
 
-                t_snap = timed(lambda: verify(False), args.reps)
-                verify(True)  # leaves the per-row states for commit() to copy
-                line["commit"] = timed(commit, args.reps)
-                line["intermediates"] = t_ver + line["commit"]
-                line["replay"] = t_snap + timed(replay, args.reps)
-                line["layer_replay"] = t_snap + timed(lambda: layer_replay(m, r, b, acc, args), args.reps)
+                for mode in ("states", "inputs"):
+                    t = timed(lambda: verify(mode), args.reps)
+                    verify(mode)  # leaves what commit() needs
+                    line[f"{mode}: verify+commit"] = t + timed(commit, args.reps)
+                t = timed(lambda: verify("none"), args.reps)
+                line["none: verify+replay"] = t + timed(replay, args.reps)
             rows[(kind, b)] = line
         d = cfg.deltanet
         state = cfg.state_bytes_per_request(torch.bfloat16)
         kv = cfg.kv_bytes_per_token(torch.bfloat16)
         inter = len(cfg.linear_layers) * k1 * d.state_bytes(torch.bfloat16)
+        inputs = len(cfg.linear_layers) * k1 * (d.conv_dim + 2 * d.num_v_heads) * 2
         print(f"{kind:9s}: {len(cfg.linear_layers)} linear + {len(cfg.attention_layers)} attention layers; "
               f"bf16 KV {kv} B/token -> {kv * args.ctx / 2**20:.2f} MiB at ctx {args.ctx}; linear state "
-              f"{state / 2**20:.2f} MiB/request; verify scratch for intermediates {inter / 2**20:.2f} MiB/request; "
-              f"layer-replay scratch {len(cfg.linear_layers) * k1 * args.hidden * 2 / 2**10:.1f} KiB/request")
+              f"{state / 2**20:.2f} MiB/request; verify scratch: states {inter / 2**20:.2f} MiB/request, inputs "
+              f"{inputs / 2**10:.0f} KiB/request")
     for (kind, b), line in rows.items():
-        extra = "".join(f", {k} {v:.2f}" for k, v in line.items() if k not in ("decode", "verify"))
+        extra = "".join(f", {k} {v:.1f}" for k, v in line.items() if k not in ("decode", "verify"))
         print(f"{kind:9s} batch {b}: decode {line['decode']:.1f} ms, verify {line['verify']:.1f} ms{extra} "
               f"(ms per step)")
     for b in args.batch:
         a, h = rows[("attention", b)], rows[("hybrid", b)]
         print(f"batch {b}: hybrid / attention-only verify {h['verify'] / a['verify']:.2f}x, "
               f"verify / decode: attention {a['verify'] / a['decode']:.2f}x, hybrid {h['verify'] / h['decode']:.2f}x")
-
-
-def layer_replay(m, r, b, acc, args):
-    """Commit by re-running only the linear layers over the accepted rows from the slot's snapshot. Their inputs
-    (the normed residual stream at each linear layer) would be stored by the verify pass; the timing uses random
-    rows of the same shape, which costs the same."""
-    x = torch.randn(b * acc, args.hidden)
-    starts, lens = [i * acc for i in range(b)], [acc] * b
-    slots = torch.arange(b)
-    with torch.no_grad():
-        for layer, ordinal in m.ordinal.items():
-            la = m.model.layers[layer].linear_attn
-            _, conv, rec, _ = la.run(x, starts, lens, r.pool.conv[ordinal].index_select(0, slots),
-                                     r.pool.rec[ordinal].index_select(0, slots))
-            r.pool.conv[ordinal].index_copy_(0, slots, conv)
-            r.pool.rec[ordinal].index_copy_(0, slots, rec)
 
 
 if __name__ == "__main__":

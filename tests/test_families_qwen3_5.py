@@ -16,8 +16,7 @@ import torch
 from dflash_trt import ops
 from dflash_trt.errors import CheckpointError
 from dflash_trt.models import qwen3_5 as hyb
-from dflash_trt.models.gated_deltanet import (LinearStatePool, chunked_gated_delta_rule,
-                                              recurrent_gated_delta_rule)
+from dflash_trt.models.gated_deltanet import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
 TOL_LAYER = 5e-5
 TOL_MODEL = 5e-4
@@ -321,12 +320,12 @@ def test_verify_after_a_partly_rejected_block(models, kind):
 K = 4
 
 
-def rollback_mismatches(m: hyb.HybridModel, mode: str = "intermediates") -> list[int]:
+def rollback_mismatches(m: hyb.HybridModel, mode: str = "states") -> list[int]:
     """For every acceptance length a = 0..K: prefill, verify K+1 rows (packed with another request's decode
-    row), keep a + 1 rows (mode "intermediates": commit the kept per-row state; "replay": the slot kept its
-    snapshot, run the kept rows again); compare the request's pool state in every linear layer, then the logits
-    of the next step, with a fresh request that prefilled exactly the committed tokens. Returns the a values
-    that differ."""
+    row), keep a + 1 rows (mode "states": copy the kept per-row state; "inputs": replay the linear layers over
+    the kept rows' recorded inputs; "none": run the kept rows through the model again); compare the request's
+    pool state in every linear layer, then the logits of the next step, with a fresh request that prefilled
+    exactly the committed tokens. Returns the a values that differ."""
     r = hyb.HybridRunner(m, max_seqs=3, max_len=96)
     fresh = hyb.HybridRunner(m, max_seqs=1, max_len=96)
     prompt, block = seqs(30, 10), seqs(K + 1, 11)
@@ -334,11 +333,11 @@ def rollback_mismatches(m: hyb.HybridModel, mode: str = "intermediates") -> list
     for a in range(K + 1):
         r.prefill(0, prompt)
         r.prefill(2, seqs(9, 12))
-        r.step([(0, block, True), (2, [7], False)], intermediates=mode == "intermediates")
-        if mode == "intermediates":
-            r.accept(0, a + 1)
-        else:
+        r.step([(0, block, True), (2, [7], False)], rollback=mode)
+        if mode == "none":
             r.replay(0, block[:a + 1])
+        else:
+            r.accept(0, a + 1)
         committed = prompt + block[:a + 1]
         fresh.prefill(0, committed)
         same = (torch.equal(r.pool.conv[:, 0], fresh.pool.conv[:, 0])
@@ -355,19 +354,21 @@ def test_state_after_rollback_equals_recompute(models, kind):
     assert rollback_mismatches(models[kind][1]) == []
 
 
-def test_snapshot_and_replay_equals_recompute(models):
-    assert rollback_mismatches(models["qwen3_next"][1], mode="replay") == []
+@pytest.mark.parametrize("mode", ["inputs", "none"])
+def test_replay_rollbacks_equal_recompute(models, mode):
+    assert rollback_mismatches(models["qwen3_next"][1], mode=mode) == []
 
 
-def test_keeping_a_rejected_row_is_caught(models, monkeypatch):
-    """The check above fails when commit keeps the state of the first REJECTED row (one row too many)."""
-    real = LinearStatePool.commit
+@pytest.mark.parametrize("mode", ["states", "inputs"])
+def test_keeping_a_rejected_row_is_caught(models, monkeypatch, mode):
+    """The check above fails when the commit keeps the state of the first REJECTED row (one row too many)."""
+    real = hyb.HybridModel.commit
 
-    def off_by_one(self, lb, segment, rows):
-        real(self, lb, segment, min(rows + 1, lb.lens[segment]))
+    def off_by_one(self, pool, lb, segment, rows):
+        real(self, pool, lb, segment, min(rows + 1, lb.lens[segment]))
 
-    monkeypatch.setattr(LinearStatePool, "commit", off_by_one)
-    assert rollback_mismatches(models["qwen3_5"][1]) == list(range(K))  # a = K keeps every row: nothing rejected
+    monkeypatch.setattr(hyb.HybridModel, "commit", off_by_one)
+    assert rollback_mismatches(models["qwen3_5"][1], mode) == list(range(K))  # a = K: nothing was rejected
 
 
 def test_mixed_step_is_bitwise_batch_invariant(models):

@@ -4,9 +4,10 @@ A linear-attention layer keeps no KV cache: per sequence it carries a convolutio
 its depthwise causal convolution) and a recurrent state S [v_heads, k_dim, v_dim] updated per token by the gated
 delta rule:  S <- exp(g) S;  u = beta (v - S^T k);  S <- S + k u^T;  o = S^T q.  Rejected draft tokens cannot be
 undone by moving a length pointer, so `GatedDeltaNet.run` takes and returns each segment's state explicitly and,
-for verify segments, also returns the state after EVERY row: the caller keeps the one after the accepted prefix
-(the vLLM / TensorRT-LLM way). Calling `run` again from the pre-verify state over the accepted tokens is the
-snapshot-and-replay alternative; both give the same bits (see docs/hybrid.md).
+for verify segments, also returns either the state after EVERY row (the caller keeps the one after the accepted
+prefix: the vLLM / TensorRT-LLM way) or the rows' recurrence inputs, from which `replay` rebuilds the state after
+the accepted prefix at a fraction of the memory. Calling `run` again from the pre-verify state over the accepted
+tokens is plain snapshot-and-replay. All three give the same bits (see docs/hybrid.md).
 
 Two kernels for the delta rule. The recurrent one (decode and verify rows; everything when bitwise invariance
 matters) is built only from elementwise ops, which IEEE rounds the same way in vector and scalar code, and
@@ -213,18 +214,11 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat([q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1)], -1)
         return mixed, z.reshape(t, d.num_v_heads, d.head_v_dim), b.reshape(t, -1), a.reshape(t, -1)
 
-    def run(self, x: torch.Tensor, starts, lens, conv_state: torch.Tensor, rec_state: torch.Tensor,
-            keep=(), chunked_min: int | None = None):
-        """The state interface. x: [T, hidden] packed rows; segment s is rows starts[s] .. + lens[s] with state
-        (conv_state[s] [C, K-1], rec_state[s] [Hv, Dk, Dv] fp32). Returns (y [T, hidden], new conv states,
-        new recurrent states, intermediates) where intermediates[s] = (conv [L, C, K-1], recurrent [L, Hv, Dk,
-        Dv]) is the state after each row of every segment index s in `keep`. Segments of at least
-        `chunked_min` rows that are not kept use the chunked kernel (None: never)."""
-        d = self.d
-        starts, lens, keep = list(starts), list(lens), set(keep)
-        mixed, z, b, a = self.project(x)
+    def recurrence_inputs(self, mixed, b, a, starts, lens, conv_state):
+        """Conv + SiLU, l2-normed and scaled q, k (expanded to value heads), v, beta, log decay g; and the
+        segments' conv windows (see causal_conv)."""
+        d, t = self.d, mixed.shape[0]
         conv_out, windows = causal_conv(mixed, starts, lens, conv_state, self.conv1d.weight[:, 0, :])
-        t = x.shape[0]
         q, k, v = torch.split(conv_out.float(), [d.key_dim, d.key_dim, d.value_dim], -1)
         q = l2norm(q.reshape(t, d.num_k_heads, d.head_k_dim)) * d.head_k_dim ** -0.5
         k = l2norm(k.reshape(t, d.num_k_heads, d.head_k_dim))
@@ -233,6 +227,21 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(t, d.num_v_heads, d.head_v_dim)
         beta = _rows(torch.sigmoid, b).float()  # transformers: in the model dtype
         g = -self.A_log.float().exp() * _rows(F.softplus, a.float() + self.dt_bias.float())
+        return q, k, v, beta, g, windows
+
+    def run(self, x: torch.Tensor, starts, lens, conv_state: torch.Tensor, rec_state: torch.Tensor,
+            keep=(), chunked_min: int | None = None, keep_inputs=()):
+        """The state interface. x: [T, hidden] packed rows; segment s is rows starts[s] .. + lens[s] with state
+        (conv_state[s] [C, K-1], rec_state[s] [Hv, Dk, Dv] fp32). Returns (y [T, hidden], new conv states,
+        new recurrent states, kept) where, for every segment index s in `keep`, kept[s] = (conv [L, C, K-1],
+        recurrent [L, Hv, Dk, Dv]): the state after each of its rows; for s in `keep_inputs`, kept[s] = (mixed
+        qkv [L, C], b [L, Hv], a [L, Hv]): what `replay` needs to rebuild the state after any prefix of those
+        rows from the segment's initial state. Segments of at least `chunked_min` rows that are not kept use the
+        chunked kernel (None: never)."""
+        d, t = self.d, x.shape[0]
+        starts, lens, keep, keep_inputs = list(starts), list(lens), set(keep), set(keep_inputs)
+        mixed, z, b, a = self.project(x)
+        q, k, v, beta, g, windows = self.recurrence_inputs(mixed, b, a, starts, lens, conv_state)
 
         chunked = [s for s, n in enumerate(lens) if chunked_min is not None and n >= chunked_min and s not in keep]
         rec = [s for s in range(len(lens)) if s not in chunked]
@@ -257,27 +266,40 @@ class GatedDeltaNet(nn.Module):
         kk = d.conv_kernel
         new_conv = torch.stack([w[-(kk - 1):].T for w in windows]).to(conv_state.dtype) if windows \
             else conv_state.clone()
-        inters = {s: (windows[s].unfold(0, kk - 1, 1)[1:].to(conv_state.dtype), inter_rec[s]) for s in keep}
+        kept = {s: (windows[s].unfold(0, kk - 1, 1)[1:].to(conv_state.dtype), inter_rec[s]) for s in keep}
+        for s in keep_inputs:
+            sl = slice(starts[s], starts[s] + lens[s])
+            kept[s] = (mixed[sl], b[sl], a[sl])
 
         y = out.to(x.dtype).reshape(-1, d.head_v_dim)
         y = ops.rms_norm(y, self.norm.weight, d.eps)  # transformers: weight * normed.to(dtype), then the gate
         y = (y.float() * _rows(F.silu, z.reshape(-1, d.head_v_dim).float())).to(x.dtype)
-        return self.out_proj(y.reshape(t, d.value_dim)), new_conv, new_rec, inters
+        return self.out_proj(y.reshape(t, d.value_dim)), new_conv, new_rec, kept
+
+    def replay(self, mixed, b, a, conv_state: torch.Tensor, rec_state: torch.Tensor):
+        """The state after the rows (mixed, b, a from run's keep_inputs, first rows only) of ONE segment, from
+        its initial (conv [C, K-1], recurrent [Hv, Dk, Dv]) state: conv, gates and recurrence, no projection and
+        no output. The same per-row operations as run, hence the same bits as run's per-row states."""
+        n = mixed.shape[0]
+        q, k, v, beta, g, windows = self.recurrence_inputs(mixed, b, a, [0], [n], conv_state[None])
+        _, st, _ = recurrent_gated_delta_rule(q, k, v, _rows(torch.exp, g), beta, [0], [n], rec_state[None].float())
+        return windows[0][-(self.d.conv_kernel - 1):].T.to(conv_state.dtype), st[0]
 
     def forward(self, x: torch.Tensor, lb: "LinearBatch", pool: "LinearStatePool", ordinal: int):
         """Pool-backed step: read each segment's state from its slot, write the new state back unless the segment
-        is a verify block (its per-row states go to lb.pending[ordinal] until `LinearStatePool.commit`)."""
+        is a verify block (what `lb.rollback` asks to keep goes to lb.pending[ordinal] until the commit)."""
         conv, rec = pool.conv[ordinal], pool.rec[ordinal]
         slots = torch.tensor(lb.slots, device=x.device)
-        y, nc, nr, inter = self.run(x, lb.starts, lb.lens, conv.index_select(0, slots),
-                                    rec.index_select(0, slots), lb.keep_segments() if lb.intermediates else (),
-                                    lb.chunked_min)
+        verify = lb.keep_segments()
+        y, nc, nr, kept = self.run(x, lb.starts, lb.lens, conv.index_select(0, slots), rec.index_select(0, slots),
+                                   verify if lb.rollback == "states" else (), lb.chunked_min,
+                                   verify if lb.rollback == "inputs" else ())
         write = [i for i in range(len(lb.slots)) if not lb.keep[i]]
         if write:
             w = torch.tensor(write, device=x.device)
             conv.index_copy_(0, slots[w], nc.index_select(0, w))
             rec.index_copy_(0, slots[w], nr.index_select(0, w))
-        lb.pending[ordinal] = inter
+        lb.pending[ordinal] = kept
         return y
 
 
@@ -293,15 +315,17 @@ class _GatedNormWeight(nn.Module):
 class LinearBatch:
     """Per step, the linear-attention view of a packed batch: segment s (AttentionBatch.seqs order) is rows
     starts[s] .. + lens[s] and owns pool slot slots[s]; keep[s] marks a verify block, whose slot is left at the
-    pre-verify state while its per-row states wait in `pending` for `LinearStatePool.commit`.
-    intermediates False: snapshot-and-replay; verify slots keep the pre-verify state and nothing is recorded,
-    the caller then runs the accepted rows again as a plain (non-verify) segment."""
+    pre-verify state until the commit. rollback says what the verify pass keeps for it:
+      "states"  the state after every row (vLLM / TensorRT-LLM); commit copies one: LinearStatePool.commit
+      "inputs"  each linear layer's per-row conv input and gate logits; commit replays conv + recurrence over
+                the accepted rows from the snapshot (HybridModel.commit): ~1/200 of the memory of "states"
+      "none"    nothing: the caller runs the accepted rows through the whole model again (snapshot-and-replay)"""
     slots: list[int]
     starts: list[int]
     lens: list[int]
     keep: list[bool]
     chunked_min: int | None = None
-    intermediates: bool = True
+    rollback: str = "states"
     pending: dict = field(default_factory=dict, repr=False)  # linear-layer ordinal -> {segment: (conv, rec)}
 
     @classmethod
@@ -333,6 +357,9 @@ class LinearStatePool:
         rows - 1 in every layer. rows == 0 leaves the pre-verify state."""
         if rows == 0:
             return
+        if lb.rollback != "states":
+            raise ValueError(f"LinearStatePool.commit copies kept states; rollback {lb.rollback!r} commits "
+                             "through HybridModel.commit")
         slot = lb.slots[segment]
         for ordinal, per_seg in lb.pending.items():
             conv, rec = per_seg[segment]

@@ -271,6 +271,20 @@ class HybridModel(TargetModel):
                 captured[i] = x
         return self.finish(x, captured, capture)
 
+    def commit(self, pool: LinearStatePool, lb: LinearBatch, segment: int, rows: int) -> None:
+        """After verification: the first `rows` rows of verify segment `segment` of step `lb` are accepted; its
+        slot's state becomes the state after row rows - 1 in every linear layer."""
+        if lb.rollback == "states" or rows == 0:
+            return pool.commit(lb, segment, rows)
+        if lb.rollback != "inputs":
+            raise ValueError(f"rollback {lb.rollback!r}: the caller replays the accepted rows itself")
+        slot = lb.slots[segment]
+        for layer, ordinal in self.ordinal.items():
+            mixed, b, a = lb.pending[ordinal][segment]
+            conv, rec = self.model.layers[layer].linear_attn.replay(
+                mixed[:rows], b[:rows], a[:rows], pool.conv[ordinal, slot], pool.rec[ordinal, slot])
+            pool.conv[ordinal, slot], pool.rec[ordinal, slot] = conv, rec
+
     def convert_checkpoint(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         prefix = self.cfg.weight_prefix
         out = {}
@@ -322,10 +336,10 @@ class HybridRunner:
         self.length[slot] = 0
         self.pool.clear(slot)
 
-    def step(self, segments, capture: bool = False, chunked_min: int | None = None, intermediates: bool = True):
+    def step(self, segments, capture: bool = False, chunked_min: int | None = None, rollback: str = "states"):
         """segments: (slot, tokens, verify) per request. Non-verify segments are committed at once; a verify
-        segment waits for accept() (intermediates False: snapshot-and-replay, see replay()). Returns per
-        segment its fp32 logits [L, V] and captured features (or None)."""
+        segment waits for accept() (rollback "states" / "inputs", see LinearBatch) or replay() ("none").
+        Returns per segment its fp32 logits [L, V] and captured features (or None)."""
         rows, ids, pos = [], [], []
         for slot, toks, _ in segments:
             start = self.length[slot]
@@ -336,7 +350,7 @@ class HybridRunner:
         batch = AttentionBatch.build(rows, self.block_size, self.device)
         lb = LinearBatch.from_attention(batch, [s for s, _, _ in segments], [v for _, _, v in segments],
                                         chunked_min)
-        lb.intermediates = intermediates
+        lb.rollback = rollback
         with torch.no_grad():
             h, feats = self.model(torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device),
                                   self.kv, batch, capture, states=self.pool, linear=lb)
@@ -354,11 +368,11 @@ class HybridRunner:
     def accept(self, segment: int, rows: int) -> None:
         """After verifying, keep the first `rows` rows of segment `segment` of the last step (KV beyond them is
         dead and overwritten later; the linear state becomes the one after row rows - 1)."""
-        self.pool.commit(self.last, segment, rows)
+        self.model.commit(self.pool, self.last, segment, rows)
         self.length[self.last.slots[segment]] += rows
 
     def replay(self, slot: int, tokens) -> None:
-        """Snapshot-and-replay commit of a verify step run with intermediates=False: the slot still holds the
+        """Snapshot-and-replay commit of a verify step run with rollback "none": the slot still holds the
         pre-verify state, so running the accepted tokens again as a plain segment brings the state (and the KV
         rows, rewritten with the same values) to the committed prefix."""
         if tokens:
