@@ -328,11 +328,11 @@ def rollback_mismatches(m: hyb.HybridModel, mode: str = "states") -> list[int]:
     exactly the committed tokens. Returns the a values that differ."""
     r = hyb.HybridRunner(m, max_seqs=3, max_len=96)
     fresh = hyb.HybridRunner(m, max_seqs=1, max_len=96)
-    prompt, block = seqs(30, 10), seqs(K + 1, 11)
+    prompt, block = seqs(14, 10), seqs(K + 1, 11)
     bad = []
     for a in range(K + 1):
         r.prefill(0, prompt)
-        r.prefill(2, seqs(9, 12))
+        r.prefill(2, seqs(5, 12))
         r.step([(0, block, True), (2, [7], False)], rollback=mode)
         if mode == "none":
             r.replay(0, block[:a + 1])
