@@ -132,6 +132,16 @@ def test_config_refusals():
         hyb.HybridConfig.from_hf(tf.Qwen3Config(**{k: v for k, v in BASE.items() if "linear" not in k}))
 
 
+@pytest.mark.parametrize("kind", ["qwen3_5_moe", "qwen3_next"])
+def test_fused_and_per_expert_layouts_load_alike(models, kind):
+    """save_pretrained writes experts one by one; transformers 5 holds them fused in memory: same weights."""
+    hf, from_disk = models[kind]
+    fused = ours(hf)
+    assert any(k.endswith("experts.gate_up_proj") for k in hf.state_dict())
+    a, b = dict(from_disk.named_parameters()), dict(fused.named_parameters())
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_multimodal_checkpoint_serves_the_text_decoder():
     """Qwen3_5ForConditionalGeneration: weights under model.language_model., a vision tower and MTP heads in the
     same state dict are skipped silently; text-only logits equal the multimodal model's."""
