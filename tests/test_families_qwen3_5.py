@@ -2,13 +2,13 @@
 captured features against transformers, and the linear-attention state under verify + rollback.
 
 Tolerances (fp32 on both sides): a single layer on identical inputs agrees with transformers to 3e-6 .. 1.4e-5
-of its largest output (summation orders only: our recurrent kernel is sequential, transformers' prefill solves a
-triangular system per 64-token chunk), so TOL_LAYER = 5e-5. Whole models drift further: these random tiny hybrids amplify a 3e-6
-difference at layer 0 to ~1e-4 in the logits, and transformers' OWN two kernels (its chunked prefill vs its
-token-by-token decode on the same sequence) already disagree by ~8e-5, so TOL_MODEL = 5e-4 of the largest
-logit. Any modelling mistake (a gate, a norm offset, a head layout, a state kept one row too long) moves logits
-by 1e-2 or more. Batch invariance and rollback are checked bitwise: with the batch-invariant kernels on, they
-hold exactly by construction.
+of its largest output (summation orders only: our recurrent kernel is sequential, transformers' prefill solves
+a triangular system per 64-token chunk), so TOL_LAYER = 5e-5. Whole models drift further: these random tiny
+hybrids amplify a 3e-6 difference at layer 0 to ~1e-4 in the logits, and transformers' OWN two kernels (its
+chunked prefill vs its token-by-token decode on the same sequence) already disagree by ~8e-5, so TOL_MODEL =
+5e-4 of the largest logit. Any modelling mistake (a gate, a norm offset, a head layout, a state kept one row too
+long) moves logits by 1e-2 or more. Batch invariance and rollback are checked bitwise: with the batch-invariant
+kernels on, they hold exactly by construction.
 """
 import pytest
 import torch

@@ -127,7 +127,8 @@ def chunked_gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64):
 
     Inside a chunk with cumulative log decay c_t and the chunk's initial state S0, the delta rule unrolls to
     (I + A) U = beta V - beta exp(c) K S0 with A[t, j] = beta_t exp(c_t - c_j) k_t.k_j (j < t); then
-    o_t = exp(c_t) S0^T q_t + sum_{j<=t} exp(c_t - c_j) (q_t.k_j) u_j and S = exp(c_C) S0 + sum_j exp(c_C - c_j) k_j u_j^T.
+    o_t = exp(c_t) S0^T q_t + sum_{j<=t} exp(c_t - c_j) (q_t.k_j) u_j and
+    S = exp(c_C) S0 + sum_j exp(c_C - c_j) k_j u_j^T.
     """
     q, k, v = (x.float().transpose(0, 1) for x in (q, k, v))  # [Hv, L, D]
     g, beta = g.float().T, beta.float().T  # [Hv, L]
