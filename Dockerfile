@@ -6,7 +6,7 @@
 #
 # The container's own PyTorch (CUDA build) is kept: this package is installed with --no-deps, and only the
 # dependencies the container lacks are added (none of them requires torch). See docs/serving.md.
-ARG TRTLLM_VERSION=1.3.0rc27
+ARG TRTLLM_VERSION=1.4.0rc1
 FROM nvcr.io/nvidia/tensorrt-llm/release:${TRTLLM_VERSION}
 
 # Kernels for Hopper (H100/H200) and Blackwell (B200, B300), plus PTX for newer GPUs. The image is built without

@@ -4,7 +4,8 @@
 
 Reads RUN_DIR/checkpoint/history.json (written when a run ends) or, mid-run, the history inside
 trainer_state.pt. tau is teacher-forced greedy acceptance on the held-out records over random anchors (the
-training distribution); decode tau, logged by runs since session 6, follows the anchors greedy decoding visits
+training distribution; runs with a split.json score a sample of their task-held-out set spread over record kinds,
+benchmarks/drafter_report.py scores all of it per kind); decode tau, logged by runs since session 6, follows the anchors greedy decoding visits
 and is what decoding at K=7 measures (builder/training/trainer.py, decode_anchors).
 """
 from __future__ import annotations

@@ -10,8 +10,17 @@ from .errors import BuildError
 from .progress import Progress
 from .validate import QUANTIZATIONS, BuildPlan, check_draft, check_lengths, check_tp
 
-REQUIRED = ("target/config.json", "draft/config.json", "draft/model.safetensors", "trtllm/dflash.yaml",
-            "trtllm/serve.sh", "trtllm/serve_multinode.sh", "trtllm/bench.sh")
+REQUIRED = ("target/config.json", "draft/config.json", "draft/model.safetensors")
+
+
+def required_files(rec: dict) -> tuple[str, ...]:
+    """Engines from before the vLLM / SGLang files record no "stacks": they hold the TensorRT-LLM files only."""
+    from .stacks import STACK_FILES
+
+    stacks = rec.get("stacks", ["trtllm"])
+    if not isinstance(stacks, list) or any(s not in STACK_FILES for s in stacks):
+        raise BuildError(f"engine.json stacks {stacks!r} is malformed: {FIX}")
+    return REQUIRED + tuple(f for s in stacks for f in STACK_FILES[s])
 FIX = "rebuild it with dflash-build --force"
 
 
@@ -40,7 +49,7 @@ def _verify_hashes(engine_dir: str, rec: dict, progress: Progress) -> int:
     present = set(list_files(engine_dir))
     problems = [f"{r} (missing)" for r in sorted(set(listed) - present)]
     problems += [f"{r} (not listed in engine.json)" for r in sorted(present - set(listed))]
-    problems += [f"{r} (listed in engine.json, required)" for r in REQUIRED if r not in listed]
+    problems += [f"{r} (listed in engine.json, required)" for r in required_files(rec) if r not in listed]
     got = sha256_files(engine_dir, sorted(present & set(listed)), progress, "verifying sha256")
     problems += [f"{r} (sha256 differs)" for r, h in got.items() if h != listed[r]]
     if problems:
@@ -75,6 +84,8 @@ def _verify_formats(engine_dir: str, rec: dict, plan: BuildPlan) -> None:
                       ("target_layer_ids", list(d.target_layer_ids))):
         if rec.get(key) != have:
             raise BuildError(f"engine.json {key} {rec.get(key)!r} != drafter config {have!r}: {FIX}")
+    if "trtllm" not in rec.get("stacks", ["trtllm"]):
+        return
     with open(os.path.join(engine_dir, "trtllm", "dflash.yaml")) as f:
         yaml_text = f.read()
     for needle in ("decoding_type: DFlash", f"max_draft_len: {rec.get('max_draft_len')}",

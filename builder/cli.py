@@ -20,13 +20,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _tp(value: str) -> int:
+    # the supported sizes are the native runtime's (validate.check_flags): only the syntax is checked here
     try:
-        v = int(value)
+        return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--tp-size {value!r} is not an integer: use 1..8") from None
-    if not 1 <= v <= 8:
-        raise argparse.ArgumentTypeError(f"--tp-size {v} is out of range: use 1..8")
-    return v
+        raise argparse.ArgumentTypeError(f"--tp-size {value!r} is not an integer: use 1, 2, 4 or 8") from None
 
 
 def _positive(flag: str):
@@ -41,8 +39,21 @@ def _positive(flag: str):
     return parse
 
 
+def _nonnegative(flag: str):
+    def parse(value: str) -> int:
+        try:
+            v = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {value!r} is not an integer") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"{flag} {v} must be 0 or more")
+        return v
+    return parse
+
+
 def make_parser() -> argparse.ArgumentParser:
-    from .trtllm import TRTLLM_VERSION
+    from .gpus import GPUS
+    from .trtllm_schema import TRTLLM_VERSION
 
     p = _Parser(prog="dflash-build",
                 description=f"Build a TensorRT-LLM {TRTLLM_VERSION} DFlash deployment directory: the target "
@@ -55,7 +66,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="target weights: bf16 copy, or ModelOpt FP8 (Hopper+) / NVFP4 (Blackwell) (default bf16)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                    help="fp8 calibrates k/v scales with ModelOpt and sets kv_cache_config.dtype (default auto)")
-    p.add_argument("--tp-size", type=_tp, default=1, metavar="N", help="tensor parallel size, 1..8 (default 1)")
+    p.add_argument("--tp-size", type=_tp, default=1, metavar="N", help="tensor parallel size: 1, 2, 4 or 8 (default 1)")
     p.add_argument("--ep-size", type=_positive("--ep-size"), default=1, metavar="N",
                    help="MoE targets: expert parallel size, a divisor of --tp-size (default 1)")
     p.add_argument("--max-draft-len", type=_positive("--max-draft-len"), metavar="K",
@@ -70,6 +81,17 @@ def make_parser() -> argparse.ArgumentParser:
                    help="calibration JSONL, one {\"text\": ..} or {\"prompt\": ..} per line (default: built-in set)")
     p.add_argument("--calib-samples", type=_positive("--calib-samples"), default=64, metavar="N",
                    help="calibration samples to use (default 64)")
+    p.add_argument("--gpu", choices=tuple(GPUS), metavar="GPU",
+                   help=f"the serving GPU ({', '.join(GPUS)}): picks the drafter attention backend it has (FA4 on "
+                        "Hopper, TRTLLM on Blackwell); default: the portable VANILLA")
+    p.add_argument("--kv-cache-reuse", action="store_true",
+                   help="prefix caching (TensorRT-LLM block reuse, with a context_recompute_tail for the drafter)")
+    p.add_argument("--context-recompute-tail", type=_nonnegative("--context-recompute-tail"), metavar="N",
+                   help="with --kv-cache-reuse: prompt tokens recomputed after a cache hit so the drafter has "
+                        "context (default 256)")
+    p.add_argument("--no-rejection-sampling", dest="rejection_sampling", action="store_false",
+                   help="T > 0 requests accept drafts that match the sampled token instead of by rejection "
+                        "sampling (use_rejection_sampling: false)")
     p.add_argument("--force", action="store_true", help="replace an existing --output directory")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.add_argument("--check", metavar="ENGINE_DIR",
@@ -122,7 +144,9 @@ def _run(args) -> int:
                      max_draft_len=args.max_draft_len,
                      max_seq_len=args.max_seq_len, max_batch_size=args.max_batch_size,
                      max_num_tokens=args.max_num_tokens, calib_data=args.calib_data,
-                     calib_samples=args.calib_samples, force=args.force)
+                     calib_samples=args.calib_samples, force=args.force, gpu=args.gpu,
+                     kv_cache_reuse=args.kv_cache_reuse, context_recompute_tail=args.context_recompute_tail,
+                     rejection_sampling=args.rejection_sampling)
     rec = build_engine(plan, progress)
     out = plan.output
     _print_summary(f"built {out}", [
@@ -130,8 +154,11 @@ def _run(args) -> int:
         ("kv cache", rec["kv_cache_dtype"]), ("tp size", rec["tp_size"]),
         ("block size / max draft len", f"{rec['block_size']} / {rec['max_draft_len']}"),
         ("max seq len / batch / tokens", f"{rec['max_seq_len']} / {rec['max_batch_size']} / {rec['max_num_tokens']}"),
+        ("drafter attention", rec["drafter_attention_backend"]),
+        ("kv cache reuse", f"on, recompute tail {rec['context_recompute_tail']}" if rec["kv_cache_reuse"] else "off"),
         ("files (sha256 in engine.json)", len(rec["files"])), ("TensorRT-LLM", rec["tensorrt_llm_version"]),
-        ("serve", os.path.join(out, "trtllm", "serve.sh")), ("verify", f"dflash-build --check {out}")])
+        *[(f"serve ({s})", os.path.join(out, s, "serve.sh")) for s in rec["stacks"]],
+        ("verify", f"dflash-build --check {out}")])
     return 0
 
 

@@ -54,9 +54,102 @@ def data_complete(path: str, n: int) -> bool:
         return n >= json.load(f).get("num_prompts", 0)
 
 
+SPLIT_FILE = "split.json"  # how a run holds records out, fixed at its start (resumes keep it)
+
+
+def split_rule(out: str, asked: str | None, resume: bool) -> dict:
+    """The held-out rule of this run: what OUTPUT/split.json recorded, else `tasks` for a new run and `first` for
+    a run trained before split.json existed (its checkpoint was trained on the other records: switching would
+    move them into its held-out set)."""
+    from .training.split import FRACTIONS, SALT
+
+    path = os.path.join(out, SPLIT_FILE)
+    if resume and os.path.isfile(path):
+        with open(path) as f:
+            rule = json.load(f)
+        if asked and asked != rule["rule"]:
+            raise DFlashError(f"{out} holds records out by `{rule['rule']}` ({path}): drop --split {asked}, or "
+                              "start a new --output")
+        return rule
+    trained = os.path.isfile(os.path.join(out, "checkpoint", "trainer_state.pt"))
+    if resume and trained:
+        if asked == "tasks":
+            raise DFlashError(f"{out} was trained with the first --eval-records records held out: --split tasks "
+                              "would evaluate it on records it trained on; start a new --output for it")
+        return {"rule": "first"}
+    name = asked or "tasks"
+    return {"rule": name, "salt": SALT, "fractions": FRACTIONS} if name == "tasks" else {"rule": name}
+
+
+def check_block_size(args, tcfg) -> None:
+    """What the runtime refuses, refused before anything is written or trained."""
+    from ..config import validate_pair
+
+    if args.block_size < 2:
+        raise DFlashError(f"--block-size {args.block_size}: a block is the bonus token and at least one draft, and "
+                          "every runtime refuses a drafter with fewer: use --block-size 2 or more (8 or 16 usual)")
+    if args.num_layers < 1:
+        raise DFlashError(f"--num-layers {args.num_layers}: a drafter needs at least one layer")
+    if args.eval_records < 1:
+        raise DFlashError(f"--eval-records {args.eval_records}: give 1 or more")
+    from ..config import DraftConfig
+    from ..errors import PairError
+
+    raw = {"hidden_size": tcfg.hidden_size, "intermediate_size": tcfg.intermediate_size,
+           "num_hidden_layers": args.num_layers, "num_attention_heads": tcfg.num_attention_heads,
+           "num_key_value_heads": tcfg.num_key_value_heads, "head_dim": tcfg.head_dim,
+           "vocab_size": tcfg.vocab_size, "num_target_layers": tcfg.num_hidden_layers,
+           "block_size": args.block_size,
+           "mask_token_id": tcfg.vocab_size - 1 if args.mask_token_id is None else args.mask_token_id}
+    if args.target_layer_ids:
+        raw["target_layer_ids"] = args.target_layer_ids
+    try:  # the runtime's own pair check, on the drafter init_drafter_from_target would write
+        validate_pair(tcfg, DraftConfig.from_dict(raw, num_target_layers=tcfg.num_hidden_layers))
+    except PairError as e:
+        raise DFlashError(f"the drafter these flags ask for would be refused by the runtime: {e}") from None
+
+
+def load_data(data: str, vocab_size: int) -> list[dict]:
+    from .training.features import read_records
+
+    if not os.path.isfile(data):
+        raise DFlashError(f"no training data at {data}: pass --data JSONL or --make-data N")
+    records = read_records(data, vocab_size, log=log)
+    if len(records) < 2:
+        raise DFlashError(f"{data} holds {len(records)} usable record(s) (with output_ids): need at least 2, one to "
+                          "train on and one to hold out; --make-data N generates them")
+    return records
+
+
+def split_seqs(seqs: list[dict], records: list[dict], rule: dict, n_eval: int, data: str):
+    """(training, evaluated during training) sequences, and a one-line summary."""
+    import collections
+
+    from .training.split import eval_sample, split_records
+
+    if rule["rule"] == "first":  # runs from before split.json: their first records by shard position
+        n = min(n_eval, len(seqs) // 2)
+        return seqs[n:], seqs[:n], f"{n} held out (the first --eval-records records: this run's rule)"
+    held, train = split_records(records, rule.get("fractions"))
+    if not held or not train:
+        raise DFlashError(f"{data}: its {len(records)} records are all one task, so none can be held out without "
+                          "its twins in training: give more varied data, or --split first (the first "
+                          "--eval-records records held out)")
+    held_ids, sample = {r["id"] for r in held}, eval_sample(held, n_eval)
+    sample_ids = {r["id"] for r in sample}
+    by_kind = collections.Counter(r.get("kind") or "-" for r in held)
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items()))
+    return ([s for s in seqs if s.get("record_id") is not None and s["record_id"] not in held_ids],
+            [s for s in seqs if s.get("record_id") in sample_ids],
+            f"{len(held)} held out by task ({kinds}), {len(sample)} of them scored during training")
+
+
 @user_errors
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dflash-train", description=__doc__)
+    p = argparse.ArgumentParser(prog="dflash-train", description=__doc__,
+                                epilog="Exit status: 0 trained to the end of its schedule or budget; 2 a user error "
+                                       "(one line, nothing left behind); 128 + the signal (143 SIGTERM, 130 Ctrl-C) "
+                                       "stopped early after saving its checkpoint and drafter: --resume continues.")
     p.add_argument("--target", help="Hugging Face target directory (default: the embedded SmolLM2-135M)")
     p.add_argument("--output", required=True, help="directory for the drafter, checkpoints and logs")
     p.add_argument("--block-size", type=int, default=16)
@@ -70,8 +163,14 @@ def main(argv=None) -> int:
     p.add_argument("--magpie-domains", type=int, default=0, metavar="N",
                    help="with --make-data: also N Magpie requests steered by domain system prompts (code, maths, "
                         "writing, reasoning, role-play, extraction, STEM, humanities)")
+    p.add_argument("--split", choices=("tasks", "first"),
+                   help="held-out records: `tasks` (new runs) holds out whole tasks of every record kind, chosen by "
+                        "a hash of the task, so the set is fixed as data grows (builder/training/split.py); "
+                        "`first`: the first --eval-records records, the rule of runs begun before split.json "
+                        "(a resumed run keeps its own rule)")
     p.add_argument("--eval-records", type=int, default=64,
-                   help="the first N records are held out (tau and loss during training); fixed as data grows")
+                   help="held-out records whose tau and loss are logged during training (with --split tasks a "
+                        "sample spread over kinds; benchmarks/drafter_report.py scores them all)")
     p.add_argument("--max-steps", type=int, default=2000)
     p.add_argument("--time-budget", type=float, help="minutes of training (this run included, resumes add)")
     p.add_argument("--session-minutes", type=float, help="stop this invocation after M minutes (resume later)")
@@ -91,7 +190,7 @@ def main(argv=None) -> int:
     from ..draft_init import init_drafter_from_target
     from ..loader import ModelPaths, load_models
     from ..models.draft import DFlashDrafter
-    from .training.features import build_feature_shards, load_shard, read_records
+    from .training.features import build_feature_shards, load_shard
     from .training.trainer import TrainConfig, Trainer
 
     target_dir = args.target
@@ -104,38 +203,55 @@ def main(argv=None) -> int:
     out = args.output
     if os.path.isdir(out) and os.listdir(out) and not args.resume:
         raise DFlashError(f"{out} is not empty: pass --resume to continue that run, or choose a new --output")
-    os.makedirs(out, exist_ok=True)
-
-    data = args.data or os.path.join(out, "data.jsonl")
-    if args.make_data:
-        from .training.datagen import generate_data
-        generate_data(target_dir, data, args.make_data, magpie=args.magpie, magpie_domains=args.magpie_domains,
-                      log=log)
-    if not os.path.isfile(data):
-        raise DFlashError(f"no training data at {data}: pass --data JSONL or --make-data N")
-
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise DFlashError(f"--output {out} is a file: give a directory")
     init_dir = os.path.join(out, "init")
     if not os.path.isfile(os.path.join(init_dir, "config.json")):
-        init_drafter_from_target(target_dir, init_dir, num_layers=args.num_layers, block_size=args.block_size,
-                                 mask_token_id=args.mask_token_id, target_layer_ids=args.target_layer_ids)
-    dcfg = DraftConfig.from_dir(init_dir, num_target_layers=tcfg.num_hidden_layers)
-    target, _ = load_models(ModelPaths(target_dir, None), tcfg, None, torch.float32, "cpu")
-    drafter = DFlashDrafter(dcfg)
-    from ..checkpoint import load_state_dict
-    drafter.load_weights(load_state_dict(init_dir, "drafter"), torch.float32)
+        check_block_size(args, tcfg)
+    data = args.data or os.path.join(out, "data.jsonl")
+    records = None
+    if not args.make_data:  # user data: every fault found before OUTPUT is touched
+        records = load_data(data, tcfg.vocab_size)
+    rule = split_rule(out, args.split, args.resume)
 
-    records = read_records(data)
-    n_eval = min(args.eval_records, len(records) // 2)
-    if n_eval < 1:
-        raise DFlashError(f"{data} holds {len(records)} usable records: need at least 2")
-    shard = 64
-    # data still growing: only full shards, so a later resume adds shards without redoing any
-    shards = build_feature_shards(target_dir, records, dcfg.target_layer_ids, os.path.join(out, "features"),
-                                  seqs_per_shard=shard, full_only=not data_complete(data, len(records)), log=log)
-    seqs = [s for path in shards for s in load_shard(path)]
-    eval_seqs, train_seqs = seqs[:n_eval], seqs[n_eval:]
-    log(f"{len(train_seqs)} training sequences, {len(eval_seqs)} held out, "
-        f"{sum(s['ids'].numel() for s in train_seqs)} tokens")
+    # Anything this invocation creates before training starts is removed again if it fails, so that the same
+    # command works again without --resume; a run's own files (a resumed OUTPUT) are never touched.
+    created = [] if os.path.isdir(out) else [out]
+    try:
+        os.makedirs(out, exist_ok=True)
+        if args.make_data:
+            from .training.datagen import generate_data
+            generate_data(target_dir, data, args.make_data, magpie=args.magpie,
+                          magpie_domains=args.magpie_domains, log=log)
+            records = load_data(data, tcfg.vocab_size)
+        if not os.path.isfile(os.path.join(init_dir, "config.json")):
+            created.append(init_dir)
+            init_drafter_from_target(target_dir, init_dir, num_layers=args.num_layers, block_size=args.block_size,
+                                     mask_token_id=args.mask_token_id, target_layer_ids=args.target_layer_ids)
+        if not os.path.isfile(os.path.join(out, SPLIT_FILE)):
+            created.append(os.path.join(out, SPLIT_FILE))
+            with open(os.path.join(out, SPLIT_FILE), "w") as f:
+                json.dump(rule, f, indent=1)
+        dcfg = DraftConfig.from_dir(init_dir, num_target_layers=tcfg.num_hidden_layers)
+        target, _ = load_models(ModelPaths(target_dir, None), tcfg, None, torch.float32, "cpu")
+        drafter = DFlashDrafter(dcfg)
+        from ..checkpoint import load_state_dict
+        drafter.load_weights(load_state_dict(init_dir, "drafter"), torch.float32)
+
+        shard = 64
+        # data still growing: only full shards, so a later resume adds shards without redoing any
+        shards = build_feature_shards(target_dir, records, dcfg.target_layer_ids, os.path.join(out, "features"),
+                                      seqs_per_shard=shard, full_only=not data_complete(data, len(records)), log=log)
+        by_tokens = None
+        if rule["rule"] == "tasks" and not all(_has_record_ids(path) for path in shards):
+            by_tokens = {tuple((r["prompt_ids"] + r["output_ids"])[:1024]): r["id"] for r in records}
+        seqs = [s for path in shards for s in load_shard(path, by_tokens)]
+        train_seqs, eval_seqs, said = split_seqs(seqs, records, rule, args.eval_records, data)
+    except DFlashError:
+        for path in reversed(created):
+            shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
+        raise
+    log(f"{len(train_seqs)} training sequences, {said}, {sum(s['ids'].numel() for s in train_seqs)} tokens")
     cfg = TrainConfig(block_size=dcfg.block_size, anchors_per_seq=args.anchors_per_seq,
                       seqs_per_step=args.seqs_per_step, lr=args.lr, max_steps=args.max_steps,
                       time_budget_min=args.time_budget, session_min=args.session_minutes,
@@ -146,9 +262,20 @@ def main(argv=None) -> int:
     if args.resume:
         trainer.resume()
     final = os.path.join(out, "drafter")
-    trainer.run(lambda d: export_drafter(d, final, vocab=trainer.vocab), eval_seqs)
+    stopped = trainer.run(lambda d: export_drafter(d, final, vocab=trainer.vocab), eval_seqs)
+    if stopped:
+        # not 0: a script must tell a run cut short from a finished one (128 + signal, as a shell reports it)
+        log(f"drafter of step {trainer.step} written to {final}; stopped by signal {stopped}: exit {128 + stopped}")
+        return 128 + stopped
     log(f"drafter written to {final}")
     return 0
+
+
+def _has_record_ids(path: str) -> bool:
+    from safetensors import safe_open
+
+    with safe_open(path, "pt") as f:
+        return "record_ids" in f.keys()
 
 
 if __name__ == "__main__":

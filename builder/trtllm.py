@@ -1,10 +1,9 @@
 """The TensorRT-LLM side of an engine directory: the LLM-API YAML and the launch scripts.
 
-Pinned to one TensorRT-LLM release with DFlash on the PyTorch backend. DFlash landed in the 1.3.0rc line (one-model
-speculative decoding, `DFlashDecodingConfig`: decoding_type "DFlash", speculative_model, max_draft_len,
-mask_token_id, target_layer_ids, attention_backend VANILLA|TRTLLM|FA4); 1.3.0rc27 is the release whose
-LLM-API reference documents that config, and the field names below are checked against it. Field names drift
-between release candidates: when moving to another version, re-check `llm_args.py` and bump TRTLLM_VERSION.
+Pinned to one TensorRT-LLM release with DFlash on the PyTorch backend (one-model speculative decoding,
+`DFlashDecodingConfig`). The fields written here are checked against that release's field list, kept as data in
+trtllm_schema.py, before any file is written. Field names drift between release candidates: when moving to
+another version, update trtllm_schema.py (which holds TRTLLM_VERSION) from that release's API reference.
 """
 from __future__ import annotations
 
@@ -12,30 +11,50 @@ import json
 import re
 import shlex
 
-TRTLLM_VERSION = "1.3.0rc27"
+from .trtllm_schema import TRTLLM_VERSION, problems
+
 TRTLLM_BACKEND = "pytorch"
+
+# After a KV-cache reuse hit TensorRT-LLM skips the target forward over the reused prompt tokens, so their
+# hidden states never reach the drafter, whose context features come only from target forwards.
+RECOMPUTE_TAIL_COMMENT = (
+    "A prefix-cache hit skips the target forward over the reused prompt, and the drafter's context comes only\n"
+    "from target forwards: without a tail it would draft with no context after every hit. TensorRT-LLM reuses up\n"
+    "to a block boundary that leaves at least this many prompt tokens to recompute (prefill rows per hit).")
+REJECTION_COMMENT = (
+    "T > 0 requests accept drafts by rejection sampling against the drafter's distribution (lossless, and more\n"
+    "accepted tokens than matching sampled tokens); greedy requests are unaffected.")
 
 
 def llm_api_options(*, draft_dir: str, max_draft_len: int, mask_token_id: int, target_layer_ids: list[int],
                     max_seq_len: int, max_batch_size: int, max_num_tokens: int, kv_cache_dtype: str,
-                    free_gpu_memory_fraction: float = 0.8, ep_size: int | None = None) -> dict:
+                    free_gpu_memory_fraction: float = 0.8, ep_size: int | None = None,
+                    drafter_attention: str = "VANILLA", kv_cache_reuse: bool = False,
+                    context_recompute_tail: int | None = None, rejection_sampling: bool = True) -> dict:
     """The dict written to trtllm/dflash.yaml (passed with `--config`, alias `--extra_llm_api_options`).
 
     ep_size: MoE targets only (None for dense ones): `moe_expert_parallel_size`, the expert-parallel split of the
-    tp ranks (the rest of each rank group splits every expert's intermediate dimension)."""
-    kv = {"free_gpu_memory_fraction": free_gpu_memory_fraction, "enable_block_reuse": False}
+    tp ranks (the rest of each rank group splits every expert's intermediate dimension).
+    drafter_attention: DFlashDecodingConfig.attention_backend (gpus.drafter_attention).
+    kv_cache_reuse: prefix caching; then context_recompute_tail prompt tokens are recomputed after a hit."""
+    kv = {"free_gpu_memory_fraction": free_gpu_memory_fraction, "enable_block_reuse": kv_cache_reuse}
     if kv_cache_dtype == "fp8":
         kv["dtype"] = "fp8"  # only with the k_scale / v_scale the ModelOpt export carries
     moe = {} if ep_size is None else {"moe_expert_parallel_size": ep_size}
+    spec = {
+        "decoding_type": "DFlash",
+        "speculative_model": draft_dir,
+        "max_draft_len": max_draft_len,
+        # explicit, although TensorRT-LLM would read the same from the drafter's dflash_config
+        "mask_token_id": mask_token_id,
+        "target_layer_ids": list(target_layer_ids),  # 0-based, used as-is by TensorRT-LLM
+        "attention_backend": drafter_attention,
+        "use_rejection_sampling": rejection_sampling,
+    }
+    if kv_cache_reuse:
+        spec["context_recompute_tail"] = context_recompute_tail
     return {
-        "speculative_config": {
-            "decoding_type": "DFlash",
-            "speculative_model": draft_dir,
-            "max_draft_len": max_draft_len,
-            # explicit, although TensorRT-LLM would read the same from the drafter's dflash_config
-            "mask_token_id": mask_token_id,
-            "target_layer_ids": list(target_layer_ids),  # 0-based, used as-is by TensorRT-LLM
-        },
+        "speculative_config": spec,
         "max_seq_len": max_seq_len,  # always set: the drafter context arena is dense in max_seq_len
         "max_batch_size": max_batch_size,
         "max_num_tokens": max_num_tokens,
@@ -45,6 +64,24 @@ def llm_api_options(*, draft_dir: str, max_draft_len: int, mask_token_id: int, t
         "kv_cache_config": kv,
         **moe,
     }
+
+
+def yaml_comments(options: dict) -> dict[str, str]:
+    """Comments for dflash.yaml, keyed by the dotted path of the key they explain."""
+    spec = options["speculative_config"]
+    out = {}
+    if "context_recompute_tail" in spec:
+        out["speculative_config.context_recompute_tail"] = RECOMPUTE_TAIL_COMMENT
+    if spec.get("use_rejection_sampling"):
+        out["speculative_config.use_rejection_sampling"] = REJECTION_COMMENT
+    return out
+
+
+def check_options(options: dict) -> None:
+    """A YAML the pinned release would refuse is a bug of this writer, not of the user's flags."""
+    found = problems(options)
+    if found:
+        raise RuntimeError(f"dflash.yaml does not fit TensorRT-LLM {TRTLLM_VERSION}: {'; '.join(found)}")
 
 
 def default_max_num_tokens(max_seq_len: int, max_batch_size: int, max_draft_len: int) -> int:
@@ -71,13 +108,18 @@ def _scalar(v) -> str:
     return json.dumps(s)  # a JSON string is a valid YAML double-quoted scalar
 
 
-def to_yaml(data: dict, indent: int = 0) -> str:
+def to_yaml(data: dict, indent: int = 0, comments: dict[str, str] | None = None, _path: str = "") -> str:
+    """comments: {dotted key path: text}, written as `#` lines above that key."""
     lines = []
     pad = " " * indent
+    comments = comments or {}
     for k, v in data.items():
+        path = f"{_path}{k}"
+        for line in comments.get(path, "").splitlines():
+            lines.append(f"{pad}# {line}")
         if isinstance(v, dict):
             lines.append(f"{pad}{k}:")
-            lines.append(to_yaml(v, indent + 2).rstrip("\n"))
+            lines.append(to_yaml(v, indent + 2, comments, path + ".").rstrip("\n"))
         elif isinstance(v, (list, tuple)):
             lines.append(f"{pad}{k}: [{', '.join(_scalar(x) for x in v)}]")
         else:

@@ -13,7 +13,9 @@ from .errors import BuildError
 
 QUANTIZATIONS = ("bf16", "fp8", "nvfp4")
 KV_CACHE_DTYPES = ("auto", "fp8")
-MAX_TP = 8
+# Prompt tokens TensorRT-LLM recomputes after a prefix-cache hit so the drafter has context again. A few hundred
+# tokens of recent context is what a DFlash drafter's attention mostly uses; 256 costs one modest prefill chunk.
+DEFAULT_RECOMPUTE_TAIL = 256
 SUPPORTED_DRAFT_TYPES = ("qwen3", "llama")  # TensorRT-LLM resolves the drafter decoder by model_type
 # DFlash drafters released with another model_type: z-lab/gpt-oss-20b-DFlash's config.json (DFlashDraftModel) says
 # "gpt_oss", a config derived from the target's. The weights are the usual Qwen3-style drafter, which our runtime
@@ -39,6 +41,10 @@ class BuildPlan:
     calib_samples: int = 64
     calib_max_tokens: int = 512
     force: bool = False
+    gpu: str | None = None  # the serving GPU (gpus.GPUS); None: a portable build
+    kv_cache_reuse: bool = False  # prefix caching on every stack's launch files
+    context_recompute_tail: int | None = None  # with kv_cache_reuse (None: DEFAULT_RECOMPUTE_TAIL)
+    rejection_sampling: bool = True  # TensorRT-LLM's use_rejection_sampling, for T > 0 requests
     # filled in by validate_plan
     tcfg: TargetConfig | None = field(default=None, repr=False)
     dcfg: DraftConfig | None = field(default=None, repr=False)
@@ -58,13 +64,24 @@ def _is_within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
 
 
+def tp_sizes() -> tuple[int, ...]:
+    """The native runtime's sizes: an engine directory must be servable by dflash-serve too."""
+    from dflash_trt.tensor_parallel import TP_SIZES
+
+    return tuple(TP_SIZES)
+
+
 def check_flags(plan: BuildPlan) -> None:
+    from .gpus import check_gpu
+
     if plan.quantization not in QUANTIZATIONS:
         raise BuildError(f"--quantization {plan.quantization!r} is unknown: use one of {', '.join(QUANTIZATIONS)}")
     if plan.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise BuildError(f"--kv-cache-dtype {plan.kv_cache_dtype!r} is unknown: use auto or fp8")
-    if not 1 <= plan.tp_size <= MAX_TP:
-        raise BuildError(f"--tp-size {plan.tp_size} is out of range: use 1..{MAX_TP}")
+    sizes = tp_sizes()
+    if plan.tp_size not in sizes:
+        raise BuildError(f"--tp-size {plan.tp_size} is not supported: use {', '.join(map(str, sizes[:-1]))} or "
+                         f"{sizes[-1]} (the sizes dflash-serve and dflash-generate split a model by)")
     if plan.ep_size < 1 or plan.tp_size % plan.ep_size:
         raise BuildError(f"--ep-size {plan.ep_size} must divide --tp-size {plan.tp_size} (TensorRT-LLM splits the "
                          "tp ranks into expert-parallel groups): use a divisor of the tp size")
@@ -73,6 +90,15 @@ def check_flags(plan: BuildPlan) -> None:
                     ("--max-draft-len", plan.max_draft_len)):
         if v is not None and v < 1:
             raise BuildError(f"{flag} {v} must be a positive integer")
+    check_gpu(plan.gpu, plan.quantization)
+    if plan.context_recompute_tail is not None:
+        if not plan.kv_cache_reuse:
+            raise BuildError("--context-recompute-tail only applies with --kv-cache-reuse: add --kv-cache-reuse or "
+                             "drop --context-recompute-tail")
+        if plan.context_recompute_tail < 0:
+            raise BuildError(f"--context-recompute-tail {plan.context_recompute_tail} must be 0 or more")
+    elif plan.kv_cache_reuse:
+        plan.context_recompute_tail = DEFAULT_RECOMPUTE_TAIL
 
 
 def check_output(plan: BuildPlan) -> None:
@@ -111,7 +137,7 @@ def valid_tp_sizes(counts: list[int]) -> list[int]:
     g = 0
     for c in counts:
         g = math.gcd(g, c)
-    return [t for t in range(1, MAX_TP + 1) if g % t == 0]
+    return [t for t in tp_sizes() if g % t == 0]
 
 
 def check_tp(plan: BuildPlan) -> None:

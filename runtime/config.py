@@ -15,7 +15,9 @@ from .errors import CheckpointError, PairError
 SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
                      "gemma3_text": "Gemma3ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-                     "kimi_k2": "DeepseekV3ForCausalLM"}  # Kimi K2: the DeepSeek-V3 architecture, its own model_type
+                     "kimi_k2": "DeepseekV3ForCausalLM",  # Kimi K2: the DeepSeek-V3 architecture, its own model_type
+                     # Kimi K2.5 / K2.6: a vision wrapper around DeepSeek-V3, served text-only
+                     "kimi_k25": "Kimi_K25ForConditionalGeneration", "minimax_m2": "MiniMaxM2ForCausalLM"}
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -62,7 +64,8 @@ class MoeConfig:
     num_experts: int
     top_k: int
     intermediate_size: int  # per expert
-    router: str  # "softmax_topk" (Qwen3-MoE) | "topk_softmax" (gpt-oss) | "sigmoid_group" (DeepSeek-V3)
+    # "softmax_topk" (Qwen3-MoE) | "topk_softmax" (gpt-oss) | "sigmoid_group" (DeepSeek-V3) | "sigmoid_bias" (MiniMax-M2)
+    router: str
     norm_topk_prob: bool = False
     dense_layers: list[int] = field(default_factory=list)  # layers with a dense MLP instead
     bias: bool = False  # router and expert biases (gpt-oss)
@@ -121,6 +124,10 @@ class TargetConfig:
     embed_scale: float = 1.0  # embeddings times this (Gemma: sqrt(hidden_size))
     final_logit_softcapping: float | None = None
     mla: MlaConfig | None = None  # multi-head latent attention (DeepSeek-V3); head_dim is then qk_rope_head_dim
+    rotary_dim: int | None = None  # partial RoPE: only the first rotary_dim dims of a head rotate (None: head_dim)
+    # multimodal placeholders (Kimi K2.5's image / video token ids): transformers embeds them as token 0 when no
+    # media comes with them, so a text-only target does too
+    media_token_ids: list[int] = field(default_factory=list)
 
     def cache_layers(self, tp: int = 1) -> list[tuple[int, int, int]]:
         """Per layer (kv_heads, k_dim, v_dim) of the paged cache on one of `tp` ranks. v_dim 0: the layer keeps
@@ -162,6 +169,8 @@ class TargetConfig:
             first = str(e).strip().splitlines()
             raise CheckpointError(f"{path}/config.json is invalid for {model_type}: "
                                   f"{first[-1].strip() if first else type(e).__name__}") from None
+        if model_type == "kimi_k25":
+            return _kimi_k25(hf)
         return cls.from_hf(hf)
 
     @classmethod
@@ -329,7 +338,65 @@ def _deepseek_v3(cfg: TargetConfig, hf) -> None:
         cfg.attn_scale *= m * m
 
 
-_FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "gemma3_text": _gemma3_text, "deepseek_v3": _deepseek_v3}
+def _quant_method(hf) -> str | None:
+    q = getattr(hf, "quantization_config", None) or {}
+    q = q if isinstance(q, dict) else q.to_dict()
+    return q.get("quant_method") if q else None
+
+
+def _minimax_m2(cfg: TargetConfig, hf) -> None:
+    method = _quant_method(hf)
+    if method not in (None, "modelopt"):
+        raise CheckpointError(f"unsupported minimax_m2 quantization {method!r}: give a bf16 checkpoint (the "
+                              "block-FP8 release dequantised) or a dflash-build export")
+    if cfg.hidden_act != "silu":
+        raise CheckpointError(f"unsupported minimax_m2 hidden_act {cfg.hidden_act!r}: only silu (SwiGLU) experts")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise CheckpointError(f"minimax_m2 num_attention_heads {cfg.num_attention_heads} is not a multiple of "
+                              f"num_key_value_heads {cfg.num_key_value_heads}")
+    n, k = getattr(hf, "num_local_experts", 0), getattr(hf, "num_experts_per_tok", 0)
+    _moe_counts("minimax_m2", n, k, cfg.intermediate_size)
+    # every layer is sparse; intermediate_size is the per-expert width
+    cfg.moe = MoeConfig(num_experts=n, top_k=k, intermediate_size=cfg.intermediate_size, router="sigmoid_bias",
+                        norm_topk_prob=True)
+    # the release's legacy `rotary_dim` reaches transformers as rope_parameters.partial_rotary_factor
+    factor = float((getattr(hf, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0) or 1.0)
+    rot = int(cfg.head_dim * factor)
+    if rot < 2 or rot % 2 or rot > cfg.head_dim:
+        raise CheckpointError(f"unsupported minimax_m2 partial rotary: {rot} rotary dims of head_dim {cfg.head_dim} "
+                              "(partial_rotary_factor / rotary_dim must give an even number between 2 and head_dim)")
+    cfg.rotary_dim = rot
+
+
+def _kimi_k25(hf) -> TargetConfig:
+    """Kimi K2.5 / K2.6 (Kimi_K25ForConditionalGeneration): a vision tower and projector around a DeepSeek-V3
+    language model (`text_config`; transformers renames the release's kimi_k2 to deepseek_v3). Served text-only:
+    the language model's config, with the wrapper's word-embedding tying (transformers ties on the wrapper's
+    flag, which defaults to true there)."""
+    text = getattr(hf, "text_config", None)
+    if text is None or text.model_type != "deepseek_v3":
+        raise CheckpointError(f"unsupported kimi_k25 text_config model_type "
+                              f"{getattr(text, 'model_type', None)!r}: Kimi K2.5 / K2.6 wrap a DeepSeek-V3 language "
+                              "model (deepseek_v3 or kimi_k2)")
+    method = _quant_method(hf)
+    if method not in (None, "modelopt"):
+        raise CheckpointError(f"unsupported kimi_k25 quantization {method!r}: give a bf16 checkpoint (the INT4 "
+                              "release dequantised) or a dflash-build export")
+    cfg = TargetConfig.from_hf(text)
+    cfg.model_type = "kimi_k25"
+    cfg.media_token_ids = [int(i) for i in (getattr(hf, "image_token_id", None), getattr(hf, "video_token_id", None))
+                           if i is not None]
+    cfg.tie_word_embeddings = bool(getattr(hf, "tie_word_embeddings", True))
+    if cfg.bos_token_id is None:
+        cfg.bos_token_id = getattr(hf, "bos_token_id", None)
+    if not cfg.eos_token_ids:
+        eos = getattr(hf, "eos_token_id", None)
+        cfg.eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    return cfg
+
+
+_FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "gemma3_text": _gemma3_text, "deepseek_v3": _deepseek_v3,
+             "minimax_m2": _minimax_m2}
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -370,6 +437,8 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, num_target_layers: int | None = None, where: str = "drafter") -> "DraftConfig":
+        if "speculators_model_type" in raw:
+            return cls._from_speculators(raw, num_target_layers, where)
         dcfg = raw.get("dflash_config") or {}
 
         def pick(name, default=None):  # dflash_config wins over the top level, as in the reference
@@ -418,6 +487,58 @@ class DraftConfig:
             attention_bias=bool(raw.get("attention_bias", False)),
             raw=raw,
         )
+
+    @classmethod
+    def _from_speculators(cls, raw: dict, num_target_layers: int | None, where: str) -> "DraftConfig":
+        """vLLM's speculators format (`speculators_model_type: dflash`): the draft layers' config nested in
+        `transformer_layer_config`, the block fields at top level, the taps as `aux_hidden_state_layer_ids`.
+
+        Those ids index transformers' hidden_states (0 is the embedding output), so a tap k is the output of
+        decoder layer k - 1: z-lab's target_layer_ids are the ids minus one. The speculators converter writes
+        z-lab's ids plus one ("z-lab reads hidden_states[layer_id + 1]"), and vLLM's update_dflash maps them back
+        with i - 1 (vllm#40727). A pruned draft vocabulary (draft_vocab_size, d2t / t2d) is read by draft_vocab."""
+        kind = raw.get("speculators_model_type")
+        if kind != "dflash":
+            raise CheckpointError(f"{where}/config.json is a speculators {kind!r} checkpoint: only "
+                                  "speculators_model_type dflash drafters are supported")
+        tl = raw.get("transformer_layer_config")
+        if not isinstance(tl, dict):
+            raise CheckpointError(f"{where}/config.json (speculators dflash) has no transformer_layer_config object: "
+                                  "it holds the draft layers' config")
+        for flag, why in (("sample_from_anchor", "drafts from the anchor row too (DSpark-style blocks)"),
+                          ("sliding_window_non_causal", "attends bidirectionally inside sliding-window blocks")):
+            if raw.get(flag):
+                raise CheckpointError(f"unsupported speculators dflash {flag}: true ({why}); DFlash drafters "
+                                      "leave it false")
+        aux = raw.get("aux_hidden_state_layer_ids")
+        if not aux or not all(isinstance(i, int) for i in aux):
+            raise CheckpointError(f"{where}/config.json (speculators dflash) has no aux_hidden_state_layer_ids: set "
+                                  "the target hidden-state indices the drafter reads (z-lab target_layer_ids + 1)")
+        if min(aux) < 1:
+            raise CheckpointError(f"speculators dflash aux_hidden_state_layer_ids {aux} include 0, the embedding "
+                                  "output: DFlash taps decoder layer outputs (indices 1..num_hidden_layers)")
+        hidden = tl.get("hidden_size")
+        if raw.get("target_hidden_size") not in (None, hidden):
+            raise CheckpointError(f"unsupported speculators dflash target_hidden_size {raw['target_hidden_size']} "
+                                  f"!= draft hidden_size {hidden}: the drafter must share the target's width")
+        # written with to_diff_dict(): fields at their config class's defaults are absent, so the class fills them
+        from transformers import AutoConfig
+
+        try:
+            layer_cfg = AutoConfig.for_model(tl.get("model_type", "qwen3"), **{
+                k: v for k, v in tl.items() if k != "model_type"}).to_dict()
+        except Exception as e:
+            first = str(e).strip().splitlines()
+            raise CheckpointError(f"{where}/config.json transformer_layer_config is invalid: "
+                                  f"{first[-1].strip() if first else type(e).__name__}") from None
+        zlab = {**layer_cfg, "block_size": raw.get("block_size", 8),  # speculators' own default
+                "dflash_config": {"mask_token_id": raw.get("mask_token_id"),
+                                  "target_layer_ids": [i - 1 for i in aux]}}
+        zlab.pop("num_target_layers", None)
+        cfg = cls.from_dict(zlab, num_target_layers=num_target_layers, where=where)
+        cfg.num_target_layers = None  # the format does not record it; validate_pair checks the taps' range
+        cfg.raw = raw
+        return cfg
 
 
 def validate_pair(target: TargetConfig, draft: DraftConfig, fc_in_features: int | None = None,

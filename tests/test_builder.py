@@ -317,11 +317,15 @@ def test_engine_json_records_everything(pairs, built):
         rec = record(engine)
         for key in ("format_version", "tool", "sources", "quantization", "kv_cache_dtype", "tp_size", "block_size",
                     "max_draft_len", "target_layer_ids", "mask_token_id", "max_seq_len", "max_batch_size",
-                    "tensorrt_llm_version", "files"):
+                    "tensorrt_llm_version", "files", "gpu", "drafter_attention_backend", "kv_cache_reuse",
+                    "context_recompute_tail", "rejection_sampling", "stacks"):
             assert key in rec, (name, key)
         assert rec["format_version"] == FORMAT_VERSION
         assert rec["tool"] == {"name": "dflash-build", "version": __version__}
-        assert rec["tensorrt_llm_version"] == TRTLLM_VERSION and TRTLLM_VERSION.startswith("1.3.0rc")
+        assert rec["tensorrt_llm_version"] == TRTLLM_VERSION == "1.4.0rc1"
+        assert (rec["gpu"], rec["drafter_attention_backend"], rec["kv_cache_reuse"], rec["context_recompute_tail"],
+                rec["rejection_sampling"], rec["stacks"]) == (None, "VANILLA", False, None, True,
+                                                              ["trtllm", "vllm", "sglang"])
         t, d = pairs[PAIR[name]]
         assert (rec["sources"]["target"], rec["sources"]["draft"]) == (t, d)
         dcfg = _drafter_config(pairs, name)
@@ -366,12 +370,15 @@ def test_calibration_sources(pairs, built):
 
 
 def test_dflash_yaml(built):
+    from dflash_trt.builder.trtllm_schema import problems
+
     yaml = pytest.importorskip("yaml")
     for name, engine in built.items():
         rec = record(engine)
         with open(os.path.join(engine, "trtllm", "dflash.yaml")) as f:
             text = f.read()
         y = yaml.safe_load(text)
+        assert problems(y) == [], name  # every key and value exists in the pinned TensorRT-LLM release
         assert text.startswith(f"# TensorRT-LLM {rec['tensorrt_llm_version']} LLM-API options")
         assert set(y) == {"speculative_config", "max_seq_len", "max_batch_size", "max_num_tokens",
                           "cuda_graph_config", "kv_cache_config", "enable_chunked_prefill", "attn_backend"}
@@ -379,6 +386,8 @@ def test_dflash_yaml(built):
         assert sc["decoding_type"] == "DFlash" and sc["speculative_model"] == os.path.join(engine, "draft")
         assert sc["max_draft_len"] == rec["max_draft_len"] < rec["block_size"]
         assert sc["mask_token_id"] == rec["mask_token_id"] and sc["target_layer_ids"] == rec["target_layer_ids"]
+        assert sc["attention_backend"] == "VANILLA" and sc["use_rejection_sampling"] is True  # portable defaults
+        assert "context_recompute_tail" not in sc  # no block reuse, nothing to recompute
         assert (y["max_seq_len"], y["max_batch_size"]) == (rec["max_seq_len"], rec["max_batch_size"])
         assert y["max_num_tokens"] >= y["max_batch_size"] * (sc["max_draft_len"] + 1)
         assert y["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": rec["max_batch_size"]}
@@ -626,8 +635,16 @@ def _error_cases(pairs, root):
                                  ["exceeds the target's max_position_embeddings 2048", "--max-seq-len 2048"]),
         "max_draft_len_ge_block": (pair() + ["--max-draft-len", "8"],
                                    ["--max-draft-len 8 must be below the drafter block_size 8", "use --max-draft-len 7"]),
-        "tp_not_dividing_heads": (pair() + ["--tp-size", "3"], ["--tp-size 3 does not divide", "use --tp-size 1 or 2"]),
-        "tp_out_of_range": (pair() + ["--tp-size", "9"], ["--tp-size 9 is out of range", "1..8"]),
+        "tp_not_dividing_heads": (pair() + ["--tp-size", "4"], ["--tp-size 4 does not divide", "use --tp-size 1 or 2"]),
+        "tp_not_a_runtime_size": (pair() + ["--tp-size", "3"], ["--tp-size 3 is not supported", "use 1, 2, 4 or 8"]),
+        "tp_out_of_range": (pair() + ["--tp-size", "9"], ["--tp-size 9 is not supported", "use 1, 2, 4 or 8"]),
+        "output_in_proc": (pair() + ["--output", "/proc/dflash-build-test"],
+                           ["cannot write --output /proc/dflash-build-test", "choose another --output"]),
+        "gpu_unknown": (pair() + ["--gpu", "v100"], ["--gpu", "invalid choice: 'v100'", "h100"]),
+        "gpu_nvfp4_on_hopper": (pair() + ["--gpu", "h100", "--quantization", "nvfp4"],
+                                ["--quantization nvfp4 needs Blackwell", "--gpu h100 is SM90", "use --quantization fp8"]),
+        "recompute_tail_without_reuse": (pair() + ["--context-recompute-tail", "64"],
+                                         ["--context-recompute-tail only applies with --kv-cache-reuse"]),
         "nvfp4_in_features": (pair(target=t40, draft=d40) + ["--quantization", "nvfp4"],
                               ["divisible by 16", "hidden_size", "--quantization fp8"]),
         "existing_output": (pair() + ["--output", exists], ["already exists", "--force"]),
@@ -644,11 +661,12 @@ def _error_cases(pairs, root):
 # further cases run in-process through the same main() (each CLI process pays ~2 s of torch import alone).
 SUBPROCESS_CASES = ["target_missing", "target_not_a_checkpoint", "target_unreadable_config", "target_no_weights",
                     "target_corrupt_weights", "unknown_architecture", "pair_hidden_size", "pair_layer_ids",
-                    "max_draft_len_ge_block", "tp_not_dividing_heads", "existing_output"]
+                    "max_draft_len_ge_block", "tp_not_dividing_heads", "tp_not_a_runtime_size", "output_in_proc",
+                    "existing_output"]
 IN_PROCESS_CASES = ["draft_missing", "unknown_architecture_head", "unknown_drafter_type", "tp_out_of_range",
                     "pair_mask_id", "pair_fc", "draft_no_weights", "draft_unreadable_config", "max_seq_len_too_long",
                     "nvfp4_in_features", "calib_missing", "calib_bad_line", "missing_flag", "check_missing_dir",
-                    "check_not_an_engine"]
+                    "check_not_an_engine", "gpu_unknown", "gpu_nvfp4_on_hopper", "recompute_tail_without_reuse"]
 
 
 def _argv(root, name, argv):
@@ -743,3 +761,32 @@ def test_pair_is_validated_before_any_heavy_work(error_setup, monkeypatch, capsy
 
 def test_every_error_case_is_run(error_setup):
     assert sorted(error_setup[1]) == sorted(SUBPROCESS_CASES + IN_PROCESS_CASES)
+
+
+def test_tp_sizes_agree_with_the_native_runtime(tmp_path, capsys):
+    """dflash-build accepts exactly the tp sizes dflash-serve runs, and never suggests another one (a 6-head
+    model divides by 3 and 6, which the runtime refuses)."""
+    from dflash_trt.builder.validate import tp_sizes
+    from dflash_trt.config import DraftConfig, TargetConfig
+    from dflash_trt.errors import DFlashError
+    from dflash_trt.tensor_parallel import TP_SIZES, validate_tp
+
+    assert tp_sizes() == tuple(TP_SIZES)
+    t6 = tiny.make_target(str(tmp_path / "t6"), "llama", hidden=48, heads=6, kv_heads=6)
+    d6 = tiny.make_drafter(str(tmp_path / "d6"), t6, heads=6, kv_heads=6)
+    tcfg, dcfg = TargetConfig.from_dir(t6), DraftConfig.from_dir(d6)
+    for tp in (2, 3, 4, 6):
+        out = tmp_path / f"e{tp}"
+        rc = build_main(["--target", t6, "--draft", d6, "--output", str(out), "--tp-size", str(tp), "--quiet"])
+        err = capsys.readouterr().err
+        try:
+            validate_tp(tp, tcfg, dcfg)
+            runtime_ok = True
+        except DFlashError:
+            runtime_ok = False
+        assert (rc == 0) == runtime_ok, (tp, err)
+        if rc:
+            assert err.count("\n") == 1 and out.exists() is False
+            suggested = re.findall(r"\d+", err.split(": use ")[-1])
+            assert suggested and all(int(n) in TP_SIZES for n in suggested), err
+            assert ("--tp-size 1 or 2" in err) if tp == 4 else ("use 1, 2, 4 or 8" in err), err

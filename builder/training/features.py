@@ -14,16 +14,66 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 
-def read_records(path: str) -> list[dict]:
-    recs = []
-    with open(path) as f:
-        for line in f:
-            try:
-                r = json.loads(line)
-            except ValueError:
+def _token_list(v, vocab_size: int | None) -> str | None:
+    """Why v is not a list of token ids, or None when it is one."""
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        return "not a list of integer token ids"
+    bad = [t for t in v if t < 0 or (vocab_size is not None and t >= vocab_size)]
+    if bad:
+        return f"token id {bad[0]} outside the target's vocabulary (0..{vocab_size - 1})" if vocab_size else \
+            f"negative token id {bad[0]}"
+    return None
+
+
+def read_records(path: str, vocab_size: int | None = None, log=None) -> list[dict]:
+    """The usable records of a JSONL data file ({prompt_ids, output_ids}, optional id / kind / prompt), sorted by
+    id; records without an id get their line number. A line that is not a record is an error naming it, except in
+    data made by --make-data (a .meta.json beside it), where a kill mid-write can leave a torn line that later
+    appends continue: those are skipped and counted. Records with no answer tokens are skipped."""
+    from ...errors import DFlashError
+
+    generated = os.path.isfile(path + ".meta.json")
+    recs, torn, empty, line_of = [], [], 0, {}
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DFlashError(f"cannot read training data {path}: {e.strerror}") from None
+    with f:
+        lines = f.read().split("\n")
+    last = len(lines) - (1 if lines and lines[-1] == "" else 0)
+    for n, line in enumerate(lines[:last], 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            r = None
+        if not isinstance(r, dict):
+            if generated or n == last:  # a torn write: the last line, or a line appends continued
+                torn.append(n)
                 continue
-            if r.get("output_ids"):
-                recs.append(r)
+            raise DFlashError(f"{path} line {n} is not a JSON object: each line must be one record "
+                              '{"prompt_ids": [...], "output_ids": [...]}')
+        for field in ("prompt_ids", "output_ids"):
+            why = "missing" if field not in r else _token_list(r[field], vocab_size)
+            if why:
+                raise DFlashError(f"{path} line {n}: {field} {why}; each record needs prompt_ids and output_ids, "
+                                  "lists of the target's token ids")
+        if not r["output_ids"]:
+            empty += 1
+            continue
+        rid = r.setdefault("id", n - 1)
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            raise DFlashError(f"{path} line {n}: id {rid!r} is not an integer")
+        if rid in line_of:
+            raise DFlashError(f"{path} line {n}: id {rid} is also the id of line {line_of[rid]}; ids must be unique")
+        line_of[rid] = n
+        recs.append(r)
+    if log and torn:
+        log(f"{path}: skipped {len(torn)} torn line(s) (line {', '.join(map(str, torn[:5]))}"
+            f"{', ...' if len(torn) > 5 else ''}): a write interrupted there")
+    if log and empty:
+        log(f"{path}: skipped {empty} record(s) with no output_ids")
     recs.sort(key=lambda r: r["id"])
     return recs
 
@@ -89,10 +139,17 @@ def shard_record_ids(path: str, by_tokens: dict[tuple, int]) -> list[int]:
     return [r for r in found if r is not None]
 
 
-def load_shard(path: str) -> list[dict]:
+def load_shard(path: str, by_tokens: dict[tuple, int] | None = None) -> list[dict]:
+    """The shard's sequences; each with its record_id when the shard records them (or by_tokens finds them)."""
     t = load_file(path)
     out, off = [], t["offsets"].tolist()
+    rids = t["record_ids"].tolist() if "record_ids" in t else None
     for i in range(len(off) - 1):
-        out.append({"ids": t["ids"][off[i]:off[i + 1]].long(), "features": t["features"][off[i]:off[i + 1]],
-                    "prompt_len": int(t["prompt_lens"][i])})
+        s = {"ids": t["ids"][off[i]:off[i + 1]].long(), "features": t["features"][off[i]:off[i + 1]],
+             "prompt_len": int(t["prompt_lens"][i])}
+        if rids is not None:
+            s["record_id"] = rids[i]
+        elif by_tokens is not None:
+            s["record_id"] = by_tokens.get(tuple(s["ids"].tolist()))
+        out.append(s)
     return out

@@ -181,33 +181,54 @@ def decode_anchors(runs: torch.Tensor) -> list[int]:
 
 
 @torch.no_grad()
+def evaluate_counts(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anchors_per_seq: int = 256,
+                    vocab: torch.Tensor | None = None, loss: bool = True) -> list[dict]:
+    """evaluate's sums for each sequence (None where it has no anchor): anchors, accepted drafts over them, loss
+    sum, and the steps and tokens of decoding's walk (0 when the sequence has more than anchors_per_seq
+    candidates). Groups of sequences add up; loss=False skips the full-head loss (the costliest part) when only
+    acceptance is wanted and drafts come from `vocab`."""
+    out = []
+    vocab_head = head_w[vocab] if vocab is not None else None
+    for s in seqs:
+        anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), anchors_per_seq, torch.Generator().manual_seed(0))
+        if anchors.numel() == 0:
+            out.append(None)
+            continue
+        h = draft_rows(drafter, embed_w, s["ids"], s["features"], anchors)
+        labels = block_labels(s["ids"], anchors, drafter.cfg.block_size)
+        loss_sum = 0.0
+        if loss or vocab is None:
+            lv, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size),
+                                     drafter.cfg.output_multiplier)
+            loss_sum = lv.item() * anchors.numel()
+        if vocab is not None:
+            pred = vocab[(h @ vocab_head.T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
+            correct = (pred == labels) & (labels != -100)
+        runs = accepted_lengths(correct, max_draft_len)
+        c = {"anchors": anchors.numel(), "accepted": runs.float().sum().item(), "loss_sum": loss_sum,
+             "decode_steps": 0, "decode_tokens": 0}
+        if anchors.numel() == s["ids"].numel() - 1 - s["prompt_len"]:  # every anchor
+            visited = decode_anchors(runs)
+            c["decode_steps"], c["decode_tokens"] = len(visited), int(runs[visited].sum()) + len(visited)
+        out.append(c)
+    return out
+
+
+def taus(counts: list[dict | None]) -> tuple[float, float, float]:
+    """(tau, loss, decode tau) of a group of evaluate_counts entries."""
+    cs = [c for c in counts if c]
+    n, steps = sum(c["anchors"] for c in cs), sum(c["decode_steps"] for c in cs)
+    return (1.0 + sum(c["accepted"] for c in cs) / max(n, 1), sum(c["loss_sum"] for c in cs) / max(n, 1),
+            sum(c["decode_tokens"] for c in cs) / max(steps, 1))
+
+
 def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anchors_per_seq: int = 256,
              vocab: torch.Tensor | None = None):
     """Held-out (tau, loss, decode tau) at draft length max_draft_len, greedy, teacher-forced; drafts are chosen
     among the `vocab` rows of the head when given, as our runtime does with a draft_vocab.json. tau averages
     over random anchors (the training distribution); decode tau follows decoding's own anchors (decode_anchors),
     which needs every anchor: a sequence with more than anchors_per_seq candidates is left out of it."""
-    acc, n, loss_sum, d_steps, d_tokens = 0.0, 0, 0.0, 0, 0
-    vocab_head = head_w[vocab] if vocab is not None else None
-    for s in seqs:
-        anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), anchors_per_seq, torch.Generator().manual_seed(0))
-        if anchors.numel() == 0:
-            continue
-        h = draft_rows(drafter, embed_w, s["ids"], s["features"], anchors)
-        labels = block_labels(s["ids"], anchors, drafter.cfg.block_size)
-        loss, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size),
-                                   drafter.cfg.output_multiplier)
-        if vocab is not None:
-            pred = vocab[(h @ vocab_head.T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
-            correct = (pred == labels) & (labels != -100)
-        runs = accepted_lengths(correct, max_draft_len)
-        acc += runs.float().sum().item()
-        loss_sum += loss.item() * anchors.numel()
-        n += anchors.numel()
-        if anchors.numel() == s["ids"].numel() - 1 - s["prompt_len"]:  # every anchor
-            visited = decode_anchors(runs)
-            d_steps, d_tokens = d_steps + len(visited), d_tokens + int(runs[visited].sum()) + len(visited)
-    return 1.0 + acc / max(n, 1), loss_sum / max(n, 1), d_tokens / max(d_steps, 1)
+    return taus(evaluate_counts(drafter, embed_w, head_w, seqs, max_draft_len, anchors_per_seq, vocab))
 
 
 class Trainer:
@@ -282,7 +303,9 @@ class Trainer:
         self.step += 1
         return total, rows
 
-    def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None) -> None:
+    def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None) -> int | None:
+        """Train to the end of the schedule or budget; returns the number of the signal that stopped it early
+        (after saving), else None."""
         cfg = self.cfg
         k = max_draft_len or self.d.cfg.block_size - 1
         budget = cfg.time_budget_min * 60 if cfg.time_budget_min else None
@@ -301,7 +324,7 @@ class Trainer:
         restore = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
-                restore[sig] = signal.signal(sig, lambda *_: stop.append(1))
+                restore[sig] = signal.signal(sig, lambda signum, _: stop.append(signum))
         try:
             self._loop(cfg, record, eval_seqs, export, budget, session_end, stop)
         finally:
@@ -312,6 +335,7 @@ class Trainer:
         self.save(export)
         with open(os.path.join(self.out, "history.json"), "w") as f:
             json.dump(self.history, f, indent=1)
+        return stop[0] if stop else None
 
     def _loop(self, cfg, record, eval_seqs, export, budget, session_end, stop) -> None:
         t_last, rows_acc = time.time(), 0

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 architecture (DeepSeek-V3 / R1, Kimi K2): multi-head latent attention (MLA) over a compressed
+"""DeepSeek-V3 architecture (DeepSeek-V3 / R1, Kimi K2, and Kimi K2.5 / K2.6 served text-only): multi-head latent attention (MLA) over a compressed
 paged cache, and a MoE with shared experts and group-limited sigmoid routing; the first `first_k_dense_replace`
 layers have a dense MLP.
 
@@ -24,7 +24,7 @@ from ..config import TargetConfig
 from ..rope import apply_rope
 from .family import FamilyModel, rowwise
 from .moe import split_fused_experts
-from .target import MLP, Linear, RMSNorm
+from .target import MLP, Linear, RMSNorm, TargetModel
 
 LATENT_NORM_EPS = 1e-6  # transformers builds q_a_layernorm / kv_a_layernorm with the default eps
 
@@ -175,7 +175,8 @@ class DeepseekV3Model(FamilyModel):
         return split_fused_experts(state, transposed=False, interleaved=False)
 
     def load_weights(self, state, dtype):
-        super().load_weights(state, dtype)
+        state = self.convert_checkpoint(dict(state))  # once: the router fix-up below reads converted names
+        TargetModel.load_weights(self, state, dtype)
         for name, m in self.named_modules():
             if isinstance(m, GroupLimitedRouter):  # router weight and bias stay fp32 (bf16 values widen exactly)
                 m.weight.data = state[name + ".weight"].float()
@@ -188,3 +189,35 @@ class DeepseekV3Model(FamilyModel):
         for m in self.modules():
             if isinstance(m, MlaAttention):
                 m.pack()
+
+
+# Kimi K2.5 / K2.6 language-model weights, as the release names them (remote code), as transformers 5.24's
+# save_pretrained writes them (its load-time rename blocks -> layers is undone on save, so layers come out as
+# `blocks`), and as transformers holds them in memory. Anything else (vision_tower, mm_projector) is not loaded.
+_KIMI_K25_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                      ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
+
+
+class KimiK25Model(DeepseekV3Model):
+    """Kimi_K25ForConditionalGeneration served text-only: its DeepSeek-V3 language model under the wrapper's
+    prefix; the vision tower and projector are skipped."""
+
+    def __init__(self, cfg: TargetConfig, max_positions: int = 4096):
+        super().__init__(cfg, max_positions)
+        self.register_buffer("media_ids", torch.tensor(cfg.media_token_ids, dtype=torch.int64), persistent=False)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        # Kimi_K25Model zeroes the image / video placeholder ids before its embedding lookup, media or not
+        return super().embed(torch.where(torch.isin(ids, self.media_ids.to(ids.device)), 0, ids))
+
+    def convert_checkpoint(self, state):
+        out = {}
+        for name, t in state.items():
+            for old, new in _KIMI_K25_PREFIXES:
+                if name.startswith(old):
+                    key = new + name[len(old):]
+                    if key.startswith("model.blocks."):
+                        key = "model.layers." + key[len("model.blocks."):]
+                    out[key] = t
+                    break
+        return super().convert_checkpoint(out)

@@ -180,8 +180,11 @@ class DFlashDrafter(nn.Module):
         for name, t in state.items():
             key = name[6:] if name.startswith("model.") else name
             if key not in own:
-                if key.startswith(("embed_tokens", "lm_head", "rotary")):
-                    continue  # tolerated: the drafter uses the target's embedding and head
+                if key.startswith(("embed_tokens", "lm_head", "rotary", "verifier_")) or key in ("d2t", "t2d"):
+                    # tolerated: the drafter uses the target's embedding and head; speculators checkpoints also
+                    # carry the verifier's head and norm (training only) and the draft vocabulary's maps, which
+                    # runtime/draft_vocab.py reads
+                    continue
                 raise CheckpointError(f"drafter weight {name!r} is not part of a DFlash drafter "
                                       "(z-lab format expected: fc, hidden_norm, norm, layers.*)")
             if tuple(own[key].shape) != tuple(t.shape):

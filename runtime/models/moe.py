@@ -13,10 +13,11 @@ from torch import nn
 
 from ..config import TargetConfig
 from ..errors import CheckpointError
+from .family import rowwise
 from .target import MLP, Linear
 
 
-def route_softmax_topk(logits: torch.Tensor, k: int, norm: bool):
+def route_softmax_topk(logits: torch.Tensor, k: int, norm: bool, bias=None):
     """Qwen3-MoE: softmax over all experts in fp32, top-k, optionally renormalised."""
     probs = torch.softmax(logits.float(), dim=-1)
     top, idx = torch.topk(probs, k, dim=-1)
@@ -25,17 +26,29 @@ def route_softmax_topk(logits: torch.Tensor, k: int, norm: bool):
     return top.to(logits.dtype), idx
 
 
-def route_topk_softmax(logits: torch.Tensor, k: int, norm: bool):
+def route_topk_softmax(logits: torch.Tensor, k: int, norm: bool, bias=None):
     """gpt-oss: top-k of the raw logits, softmax over those k."""
     top, idx = torch.topk(logits, k, dim=-1)
     return torch.softmax(top, dim=-1, dtype=top.dtype), idx
 
 
-ROUTERS = {"softmax_topk": route_softmax_topk, "topk_softmax": route_topk_softmax}
+def route_sigmoid_bias(logits: torch.Tensor, k: int, norm: bool, bias: torch.Tensor):
+    """MiniMax-M2: sigmoid scores in fp32 (rowwise: a row's bits never depend on the batch); experts chosen by
+    scores + bias, weighted by their uncorrected scores renormalised to sum 1. The weights stay fp32: transformers
+    multiplies the expert outputs by them in fp32 before casting back."""
+    scores = rowwise(torch.sigmoid, logits.float())
+    idx = torch.topk(scores + bias, k, dim=-1, sorted=False)[1]
+    top = scores.gather(1, idx)
+    return (top / top.sum(dim=-1, keepdim=True) if norm else top), idx
+
+
+ROUTERS = {"softmax_topk": route_softmax_topk, "topk_softmax": route_topk_softmax, "sigmoid_bias": route_sigmoid_bias}
 
 
 class SparseMoe(nn.Module):
-    """router_name: the checkpoint's name for the router (Qwen3-MoE `gate`, gpt-oss `router`)."""
+    """router_name: the checkpoint's name for the router (Qwen3-MoE `gate`, gpt-oss `router`). The sigmoid_bias
+    router's correction bias belongs to the block (`mlp.e_score_correction_bias`, MiniMax-M2's name), not to the
+    router; it is held in the model dtype, as transformers holds that buffer."""
 
     def __init__(self, cfg: TargetConfig, make_expert=None, router_name: str = "gate"):
         super().__init__()
@@ -44,11 +57,14 @@ class SparseMoe(nn.Module):
         self.route = ROUTERS[m.router]
         self.router_name = router_name
         setattr(self, router_name, Linear(cfg.hidden_size, m.num_experts, bias=m.bias))
+        self.e_score_correction_bias = (nn.Parameter(torch.zeros(m.num_experts), requires_grad=False)
+                                        if m.router == "sigmoid_bias" else None)
         make_expert = make_expert or (lambda: MLP(cfg.hidden_size, m.intermediate_size, m.bias))
         self.experts = nn.ModuleList(make_expert() for _ in range(m.num_experts))
 
     def forward(self, x):
-        weights, idx = self.route(getattr(self, self.router_name)(x), self.top_k, self.norm_topk)
+        bias = None if self.e_score_correction_bias is None else self.e_score_correction_bias.float()
+        weights, idx = self.route(getattr(self, self.router_name)(x), self.top_k, self.norm_topk, bias)
         out = torch.zeros_like(x)
         for e in torch.unique(idx).tolist():
             rows, slot = torch.where(idx == e)

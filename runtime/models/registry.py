@@ -18,6 +18,12 @@ def target_class(model_type: str):
     if model_type == "deepseek_v3":
         from .deepseek_v3 import DeepseekV3Model
         return DeepseekV3Model
+    if model_type == "kimi_k25":
+        from .deepseek_v3 import KimiK25Model
+        return KimiK25Model
+    if model_type == "minimax_m2":
+        from .minimax_m2 import MiniMaxM2Model
+        return MiniMaxM2Model
     return TargetModel
 
 
