@@ -22,10 +22,13 @@ from .sampling import SamplingParams
 
 
 @dataclass
-class _Stream:
+class Stream:
+    """One request's outputs, in order, on one queue: RequestOutput deltas (the last with finished=True), or
+    the exception that ended the request. Its reader is the only consumer."""
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     prompt: object
+    request_id: str
     sent_text: int = 0
     sent_tokens: int = 0
     seq: object = None
@@ -38,7 +41,7 @@ class _Pending:
     params: SamplingParams
     chat: bool
     request_id: str
-    stream: _Stream
+    stream: Stream
     error: list = field(default_factory=list)
 
 
@@ -57,7 +60,7 @@ class AsyncLLM:
         self._cv = threading.Condition()
         self._pending: list[_Pending] = []
         self._aborts: list[str] = []
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="dflash-engine", daemon=True)
         self._thread.start()
@@ -68,13 +71,20 @@ class AsyncLLM:
         with self._cv:
             return len(self._streams) + len(self._pending)
 
-    async def generate(self, prompt, params: SamplingParams, chat: bool = False, request_id: str | None = None):
+    def submit(self, prompt, params: SamplingParams, chat: bool = False, request_id: str | None = None) -> Stream:
+        """Admit a request (from the event loop's thread); read its outputs from the returned stream's queue,
+        and call abort(stream.request_id) if you stop before it finishes."""
         rid = request_id or uuid.uuid4().hex
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), prompt,
-                         holdback=max((len(s) for s in params.stop), default=1) - 1)
+        stream = Stream(asyncio.get_running_loop(), asyncio.Queue(), prompt, rid,
+                        holdback=max((len(s) for s in params.stop), default=1) - 1)
         with self._cv:
             self._pending.append(_Pending(prompt, params, chat, rid, stream))
             self._cv.notify()
+        return stream
+
+    async def generate(self, prompt, params: SamplingParams, chat: bool = False, request_id: str | None = None):
+        stream = self.submit(prompt, params, chat, request_id)
+        rid = stream.request_id
         finished = False
         try:
             while True:
@@ -158,7 +168,7 @@ class AsyncLLM:
             if st is not None:
                 self._emit(o.seq, st)
 
-    def _emit(self, seq, st: _Stream) -> None:
+    def _emit(self, seq, st: Stream) -> None:
         out: RequestOutput = self.llm.output(seq, st.prompt)
         text = out.text
         visible = len(text)

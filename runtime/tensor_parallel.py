@@ -12,7 +12,6 @@ norms are replicated (small). Each rank reads only its slices of the safetensors
 """
 from __future__ import annotations
 
-import os
 import re
 
 import torch

@@ -1,9 +1,9 @@
 """The OpenAI-compatible HTTP front end of the native engine: FastAPI routes over one AsyncLLM.
 
 A request's life: validate (400) -> tokenize and check lengths (400) -> admission against `max_queue` (429) ->
-a pump task that drives `AsyncLLM.generate` -> the response (one JSON body, or server-sent events). While it
-waits, the handler polls `request.is_disconnected()`: a client that leaves has its pump task cancelled, which
-aborts the request in the engine and frees its cache blocks on the engine's next iteration.
+`AsyncLLM.submit` -> the response (one JSON body, or server-sent events), read straight from the request's one
+queue between the engine thread and the handler. While it waits, the handler polls `request.is_disconnected()`:
+a client that leaves has its request aborted, which frees its cache blocks on the engine's next iteration.
 """
 from __future__ import annotations
 
@@ -38,47 +38,37 @@ class ClientGone(Exception):
 
 
 class _Job:
-    """One admitted request: a pump task drives AsyncLLM.generate and queues its outputs for the handler."""
+    """One admitted request, read from its AsyncLLM stream by the handler; counted until it ends."""
 
     def __init__(self, server: "DFlashServer", rid: str, prompt_ids: list[int], params, arrival: float):
         self.server, self.rid, self.n_prompt, self.arrival = server, rid, len(prompt_ids), arrival
         self.first: float | None = None
         self.last = None
+        self.ended = False
         self.checked = time.monotonic()  # when the client's connection was last checked
-        self.queue: asyncio.Queue = asyncio.Queue()
         server.unfinished += 1
-        self.task = asyncio.create_task(self._pump(prompt_ids, params), name=f"dflash-{rid}")
-        self.task.add_done_callback(self._done)
+        self.stream = server.alm.submit(prompt_ids, params, request_id=rid)
 
-    async def _pump(self, prompt_ids, params) -> None:
-        async for out in self.server.alm.generate(prompt_ids, params, request_id=self.rid):
-            if self.first is None and out.token_ids:
-                self.first = time.perf_counter()
-            self.last = out
-            self.queue.put_nowait(out)
-
-    def _done(self, task: asyncio.Task) -> None:
+    def _end(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
         srv = self.server
         srv.unfinished -= 1
-        if task.cancelled():
-            reason = self.last.finish_reason if self.last is not None and self.last.finished else "abort"
-        elif task.exception() is not None:
-            reason = "error"
-            self.queue.put_nowait(task.exception())
-        else:
-            reason = self.last.finish_reason if self.last is not None else "error"
         srv.metrics.request_done(reason, self.n_prompt, self.last, self.arrival, self.first, time.perf_counter())
-        self.queue.put_nowait(_END)
 
     def cancel(self) -> None:
-        """Abort (if still running): AsyncLLM's iterator is closed, the engine frees the request's blocks."""
-        if not self.task.done():
-            self.task.cancel()
+        """Abort (if still running): the engine frees the request's blocks on its next iteration."""
+        if not self.ended:
+            self.server.alm.abort(self.rid)
+            self._end("abort")
 
     async def next(self, request: Request):
         """The next RequestOutput, or _END; raises the engine's error, or ClientGone when the client left."""
+        if self.ended:
+            return _END
         poll = self.server.poll_s
-        getter = asyncio.ensure_future(self.queue.get())
+        getter = asyncio.ensure_future(self.stream.queue.get())
         try:
             while True:  # outputs may come every few ms: check the client every `poll` seconds regardless
                 now = time.monotonic()
@@ -90,7 +80,13 @@ class _Job:
                 if done:
                     item = getter.result()
                     if isinstance(item, BaseException):
+                        self._end("error")
                         raise item
+                    if self.first is None and item.token_ids:
+                        self.first = time.perf_counter()
+                    self.last = item
+                    if item.finished:
+                        self._end(item.finish_reason)
                     return item
         finally:
             if not getter.done():

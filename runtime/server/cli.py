@@ -5,7 +5,6 @@ directory from dflash-build. Arguments after `--` go to trtllm-serve unchanged.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import socket
