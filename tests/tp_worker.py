@@ -35,7 +35,7 @@ def main(spec_path: str, out_path: str) -> None:
            "accepted": sum(o.accepted for o in outs), "seconds": dt, "steps": steps,
            "tokens": sum(len(o.token_ids) for o in outs),
            "bytes_per_step": ((dist.bytes_communicated - b0) / max(1, steps)) if dist else 0,
-           "weight_bytes_per_rank": eng.spmd.weight_bytes_per_rank if eng.spmd else [eng.weight_bytes]}
+           "weight_bytes_per_rank": getattr(eng, "weight_bytes_per_rank", [eng.weight_bytes])}
     with open(out_path, "w") as f:
         json.dump(res, f)
 

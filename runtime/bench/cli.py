@@ -105,20 +105,36 @@ def model_info(spec: ModelSpec, enc: Encoder) -> dict:
             "drafter_trained": trained}
 
 
-@user_errors
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    conc = int_list(args.concurrency, "--concurrency")
+def parse_modes(args) -> list[str]:
     modes = [m.strip().lower() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
-        raise DFlashError(f"--modes takes ar and/or dflash, got {args.modes!r}")
-    modes = [m for m in MODES if m in modes]
-    draft_lens = int_list(args.draft_lens, "--draft-lens") if args.draft_lens else [None]
+        raise DFlashError(f"--modes takes {', '.join(MODES)} (comma-separated), got {args.modes!r}")
     if args.recommend and "dflash" not in modes:
         raise DFlashError("--recommend compares draft lengths: include dflash in --modes")
     if args.max_tokens is not None and args.max_tokens < 1:
         raise DFlashError("--max-tokens must be >= 1")
+    return [m for m in MODES if m in modes]
+
+
+def run_config(args, conc, modes, draft_lens, reqs) -> dict:
+    import torch
+
+    return {"dataset": args.dataset, "category": args.category, "num_requests": len(reqs),
+            "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": conc, "modes": modes,
+            "draft_lens": [k if k is not None else "default" for k in draft_lens], "seed": args.seed,
+            "ignore_eos": not args.respect_eos, "chat": not args.no_chat, "threads": torch.get_num_threads(),
+            "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"), "dtype": args.dtype,
+            "num_devices": world_size(), "max_num_tokens": args.max_num_tokens,
+            "min_draft_confidence": args.min_draft_confidence}
+
+
+@user_errors
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    conc = int_list(args.concurrency, "--concurrency")
+    modes = parse_modes(args)
+    draft_lens = int_list(args.draft_lens, "--draft-lens") if args.draft_lens else [None]
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -145,18 +161,10 @@ def main(argv=None) -> int:
     if max(conc) > len(reqs):
         say(f"[dflash-bench] note: concurrency {max(conc)} > {len(reqs)} requests: those points never fill up")
 
-    import torch
-    variants = ([Variant("ar", None)] if "ar" in modes else []) + \
-        ([Variant("dflash", k) for k in draft_lens] if "dflash" in modes else []) + \
-        ([Variant("ngram", k) for k in draft_lens] if "ngram" in modes else [])
+    variants = [Variant("ar", None)] if "ar" in modes else []
+    variants += [Variant(m, k) for m in ("dflash", "ngram") if m in modes for k in draft_lens]
     lens = [len(r.input_ids) for r in reqs]
-    config = {"dataset": args.dataset, "category": args.category, "num_requests": len(reqs),
-              "max_tokens": args.max_tokens, "temperature": args.temperature, "concurrency": conc, "modes": modes,
-              "draft_lens": [k if k is not None else "default" for k in draft_lens], "seed": args.seed,
-              "ignore_eos": not args.respect_eos, "chat": not args.no_chat, "threads": torch.get_num_threads(),
-              "device": args.device or ("cuda" if torch.cuda.is_available() else "cpu"), "dtype": args.dtype,
-              "num_devices": world_size(), "max_num_tokens": args.max_num_tokens,
-              "min_draft_confidence": args.min_draft_confidence}
+    config = run_config(args, conc, modes, draft_lens, reqs)
     dataset = {"name": ds.name, "source": ds.source, "num_prompts": len(ds.requests),
                "rejected_placeholders": ds.rejected, "cycled": cycled, "notes": ds.notes,
                "prompt_tokens": {"mean": sum(lens) / len(lens), "min": min(lens), "max": max(lens)}}
@@ -182,6 +190,12 @@ def main(argv=None) -> int:
                            progress=bar)
     if not main_proc:
         return 0
+    write_outputs(args, points, report, files, config, model, ds, reqs, out)
+    return 0
+
+
+def write_outputs(args, points, report, files, config, model, ds, reqs, out) -> None:
+    """report.json, table.txt, pareto.png (and the recommended schedule), then the table on stdout."""
     rec = None
     if args.recommend:
         rec = recommend(points)
@@ -215,7 +229,6 @@ def main(argv=None) -> int:
             con.print(f"  note: {n}")
     for k, v in files.items():
         con.print(f"{k}: {v}")
-    return 0
 
 
 if __name__ == "__main__":

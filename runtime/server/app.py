@@ -239,14 +239,8 @@ class DFlashServer:
             job.cancel()
 
 
-def create_app(llm, *, served_model_name: str | None = None, api_key: str | None = None,
-               max_queue: int | None = None, disconnect_poll_s: float = 0.1) -> FastAPI:
-    """The FastAPI application serving `llm` (a dflash_trt.LLM). Its engine thread runs with the app's lifespan."""
-    server = DFlashServer(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
-                          disconnect_poll_s=disconnect_poll_s)
-    app = FastAPI(title="dflash-serve", version=__version__, lifespan=server.lifespan)
-    app.state.dflash = server
-
+def _error_handlers(app: FastAPI, server: "DFlashServer") -> None:
+    """Every failure answers in the OpenAI error shape and counts in the rejection metric."""
     def error_response(status: int, body: dict, headers: dict | None = None) -> JSONResponse:
         server.metrics.rejected.labels(str(status)).inc()
         return JSONResponse(body, status_code=status, headers=headers)
@@ -274,6 +268,16 @@ def create_app(llm, *, served_model_name: str | None = None, api_key: str | None
     async def _internal(request: Request, e: Exception):
         log.exception("request failed")
         return error_response(500, P.error_body(f"internal error: {type(e).__name__}: {e}", "internal_error"))
+
+
+def create_app(llm, *, served_model_name: str | None = None, api_key: str | None = None,
+               max_queue: int | None = None, disconnect_poll_s: float = 0.1) -> FastAPI:
+    """The FastAPI application serving `llm` (a dflash_trt.LLM). Its engine thread runs with the app's lifespan."""
+    server = DFlashServer(llm, served_model_name=served_model_name, api_key=api_key, max_queue=max_queue,
+                          disconnect_poll_s=disconnect_poll_s)
+    app = FastAPI(title="dflash-serve", version=__version__, lifespan=server.lifespan)
+    app.state.dflash = server
+    _error_handlers(app, server)
 
     @app.get("/health")
     async def health():
