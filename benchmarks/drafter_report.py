@@ -55,19 +55,22 @@ def held_out(data: str, run: str | None, per_kind: int | None, vocab_size: int, 
 
 
 def policy_tau(target: str, drafter: str, recs: list[dict], max_tokens: int) -> tuple[float, float, float]:
-    """(tau, drafts verified per step, output tokens/s) decoding each prompt alone with the runtime's default
-    policy, greedy, to EOS."""
+    """(tokens per decoding step, drafts verified per decoding step, output tokens/s) decoding each prompt alone
+    with the runtime's default policy, greedy, to EOS. Counted from the tokens and the accepted drafts: a step
+    commits its accepted drafts plus one token whether or not it drafted (the first token is the prefill's), so
+    steps the policy leaves undrafted count too."""
     from dflash_trt import LLM, SamplingParams
 
     llm = LLM(target=target, draft=drafter, max_batch_size=1)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    steps = accepted = drafted = tokens = 0
+    decoded = accepted = drafted = tokens = 0
     t0 = time.time()
     for r in recs:
         o = llm.generate([r["prompt_ids"]], sp)[0]
-        steps, accepted, drafted, tokens = steps + o.steps, accepted + o.accepted, drafted + o.drafted, \
-            tokens + len(o.token_ids)
-    return (steps + accepted) / max(steps, 1), drafted / max(steps, 1), tokens / (time.time() - t0)
+        decoded, accepted, drafted = decoded + len(o.token_ids) - 1, accepted + o.accepted, drafted + o.drafted
+        tokens += len(o.token_ids)
+    steps = max(decoded - accepted, 1)
+    return decoded / steps, drafted / steps, tokens / (time.time() - t0)
 
 
 def main() -> int:
