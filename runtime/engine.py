@@ -23,7 +23,7 @@ from .scheduler import Scheduler, StepOutput
 from .sequence import Sequence
 from .spec import make_proposer
 from .spec.calibrate import measure_step_costs
-from .spec.policy import SpecPolicy
+from .spec.policy import SpecPolicy, min_confidence_for
 from .spec.verify import Verifier
 
 __all__ = ["LLMEngine", "StepOutput", "IterationStats", "EngineMetrics"]
@@ -80,7 +80,8 @@ class LLMEngine:
                                   capture=self.proposer.needs_target_features)
         self.verifier = Verifier(self.ops, getattr(self.target, "tp", None))
         confidence = self.proposer.supports_confidence and self.dist is None  # a vocab-split head has no softmax
-        self.policy = SpecPolicy.for_device(spec, self.max_draft_len, cfg.device, self._measured_costs(),
+        measured = self._measured_costs(min_confidence_for(spec, cfg.device, confidence) > 0)
+        self.policy = SpecPolicy.for_device(spec, self.max_draft_len, cfg.device, measured,
                                             self.proposer.pass_cost, confidence)
         self.scheduler = Scheduler(cfg, self.blocks, self.policy, self.proposer, tcfg.eos_token_ids,
                                    Detokenizer(tokenizer))
@@ -88,13 +89,13 @@ class LLMEngine:
         self.sequences: dict[str, Sequence] = {}
         self.weight_bytes = tensor_parallel.weight_bytes(self.target, self.drafter)
 
-    def _measured_costs(self) -> dict | None:
+    def _measured_costs(self, confidence: bool) -> dict | None:
         """The adaptive policy's cost model, measured here and now (spec/calibrate.py) unless given."""
         spec = self.cfg.spec
         if spec.step_costs is not None or spec.draft_len_policy != "adaptive" or not self.max_draft_len:
             return None
         measured = measure_step_costs(self.runner, self.proposer, self.blocks, token_id=0,
-                                      k=min(3, self.max_draft_len))
+                                      k=min(3, self.max_draft_len), confidence=confidence)
         if self.dist is not None:  # every rank must choose the same K: rank 0's figures for all
             measured = self.dist.broadcast_object(measured)
         return measured

@@ -39,9 +39,11 @@ def _fastest(runs: dict, tries: int) -> dict:
     return best
 
 
-def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, tries: int = 4) -> dict | None:
+def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, tries: int = 4,
+                       confidence: bool = False) -> dict | None:
     """Returns {"row", "draft", "draft_row"} in units of a one-row target pass, or None without cache room.
-    A proposer without a model pass (pass_cost False) drafts for free: only `row` is measured."""
+    A proposer without a model pass (pass_cost False) drafts for free: only `row` is measured. confidence: time
+    the drafts as the engine will make them (with the drafter's probabilities, for the confidence cut)."""
     seqs: list[Sequence] = []
 
     def decode(group):
@@ -55,7 +57,7 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
             w = proposer.drafter.fc.weight
             proposer.pending[s.seq_id] = [(torch.zeros(k + 1, w.shape[1], dtype=w.dtype, device=runner.device),
                                            pos.to(runner.device), slots.to(runner.device))]
-        proposer.propose([Scheduled(s, k + 1, k, False) for s in group])
+        proposer.propose([Scheduled(s, k + 1, k, False) for s in group], want_confidence=confidence)
 
     runs = {"one": decode, "wide": decode}
     if proposer.pass_cost:

@@ -41,6 +41,7 @@ class Proposer:
     supports_confidence = False
     needs_state_rollback = False
     feature_layers: list[int] = []
+    caches: list = []  # the proposer's own KV caches (the DFlash drafter's context), allocated by the engine
 
     def max_draft_len(self, requested: int | None) -> int:
         """The most tokens one request may draft per step (0: this proposer never drafts)."""

@@ -154,6 +154,15 @@ class DraftLengthPolicy:
         return k
 
 
+def min_confidence_for(cfg: SpecConfig, device: str, supports_confidence: bool = True) -> float:
+    """The confidence cut: given, else CPU_MIN_CONFIDENCE on a CPU with the adaptive policy, else off."""
+    if not supports_confidence:
+        return 0.0
+    if cfg.min_draft_confidence is not None:
+        return cfg.min_draft_confidence
+    return CPU_MIN_CONFIDENCE if str(device).startswith("cpu") and cfg.draft_len_policy == "adaptive" else 0.0
+
+
 class SpecPolicy:
     """The policy of one engine: the settings (SpecConfig), the proposer's capabilities and the device decide
     the defaults; `draft_len` and `cut` are the only places a request's K is set, `observe` the only place its
@@ -163,11 +172,7 @@ class SpecPolicy:
                  supports_confidence: bool = True):
         self.cfg, self.max_draft_len, self.costs = cfg, max_draft_len, costs
         self.lengths = DraftLengthPolicy(cfg.draft_len_policy, costs)
-        self.min_confidence = 0.0
-        if supports_confidence:
-            cpu = str(device).startswith("cpu")
-            default = CPU_MIN_CONFIDENCE if cpu and cfg.draft_len_policy == "adaptive" else 0.0
-            self.min_confidence = default if cfg.min_draft_confidence is None else cfg.min_draft_confidence
+        self.min_confidence = min_confidence_for(cfg, device, supports_confidence)
 
     @classmethod
     def for_device(cls, cfg: SpecConfig, max_draft_len: int, device: str, measured: dict | None = None,
