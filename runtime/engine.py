@@ -23,6 +23,7 @@ from .scheduler import Scheduler, StepOutput
 from .sequence import Sequence
 from .spec import make_proposer
 from .spec.calibrate import measure_step_costs
+from .spec.interface import Proposal
 from .spec.policy import SpecPolicy, min_confidence_for
 from .spec.verify import Verifier
 
@@ -159,7 +160,8 @@ class LLMEngine:
                 raise DFlashError("scheduler made no progress: max_num_tokens or the KV cache is too small "
                                   "for the waiting requests")
             return []
-        proposal = self.proposer.propose(work, want_confidence=self.policy.min_confidence > 0)
+        drafting = [w for w in work if w.draft_len > 0]
+        proposal = self.proposer.propose(drafting, self.policy.min_confidence > 0) if drafting else Proposal()
         keep = self.policy.cut({i: len(d) for i, d in proposal.drafts.items()}, proposal.confidence)
         drafts = {i: d[:keep[i]] for i, d in proposal.drafts.items()}
         out = self.runner.run(work, drafts)
