@@ -70,8 +70,14 @@ def _register_fakes() -> None:
 
 
 def set_isa(name: str = "") -> str:
-    """Force a code path ('avx512', 'avx2', 'scalar', 'auto'); '' only reports the active one."""
-    return _ops().bi_set_isa(name)
+    """Force a code path ('avx512', 'avx2', 'scalar', 'auto'); '' only reports the active one. A path this CPU
+    lacks leaves the active one in place: the returned name says which runs."""
+    try:
+        return _ops().bi_set_isa(name)
+    except RuntimeError as e:
+        if "lacks" not in str(e):
+            raise
+        return _ops().bi_set_isa("")
 
 
 # ---- linear -------------------------------------------------------------------------------------------------
