@@ -34,7 +34,7 @@ def solo(llm, reqs):
 
 @pytest.mark.parametrize("sampled", [False, True])
 def test_ngram_equals_ar_under_load(target, sampled):
-    reqs = workload(sampled=sampled)
+    reqs = workload(n=16, sampled=sampled)
     ar = solo(LLM(target=target, speculative=False), reqs)
     # fixed K: every step with a match drafts the whole lookup, the most verify rows to get wrong
     for engine in (dict(), dict(max_num_tokens=24, max_batch_size=8, page_size=4, max_seq_len=160),
@@ -45,8 +45,9 @@ def test_ngram_equals_ar_under_load(target, sampled):
         assert sum(s.accepted for s in seqs) > 0 and sum(s.drafted - s.accepted for s in seqs) > 0
 
 
-def test_ngram_survives_preemption(target):
-    reqs = workload(seed=3)
+@pytest.mark.parametrize("sampled", [False, True])
+def test_ngram_survives_preemption(target, sampled):
+    reqs = workload(n=16, seed=3, sampled=sampled)
     ar = solo(LLM(target=target, speculative=False), reqs)
     probe = LLM(target=target, speculative=False, page_size=4, max_seq_len=128)
     per_page = probe.engine.kv_plan.bytes_per_block
