@@ -27,28 +27,24 @@ def _tp(value: str) -> int:
         raise argparse.ArgumentTypeError(f"--tp-size {value!r} is not an integer: use 1, 2, 4 or 8") from None
 
 
-def _positive(flag: str):
+def _int_at_least(flag: str, lo: int, what: str):
     def parse(value: str) -> int:
         try:
             v = int(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{flag} {value!r} is not an integer") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{flag} {v} must be a positive integer")
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{flag} {v} must be {what}")
         return v
     return parse
+
+
+def _positive(flag: str):
+    return _int_at_least(flag, 1, "a positive integer")
 
 
 def _nonnegative(flag: str):
-    def parse(value: str) -> int:
-        try:
-            v = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {value!r} is not an integer") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{flag} {v} must be 0 or more")
-        return v
-    return parse
+    return _int_at_least(flag, 0, "0 or more")
 
 
 def make_parser() -> argparse.ArgumentParser:
