@@ -61,9 +61,11 @@ class EngineConfig:
         if bad:
             raise DFlashError(f"unknown engine option {bad[0]!r}: see EngineConfig and SpecConfig for the options")
         method = "dflash" if speculative is True else (speculative or None)
-        spec = {k: kwargs.pop(k) for k in list(kwargs) if k in SpecConfig.names()}
-        spec.setdefault("method", method)
-        return cls(spec=kwargs.pop("spec", None) or SpecConfig(**spec), **kwargs)
+        flat = {k: kwargs.pop(k) for k in list(kwargs) if k in SpecConfig.names()}
+        given = kwargs.pop("spec", None)
+        if given is not None and flat:
+            raise DFlashError(f"pass {sorted(flat)[0]!r} inside spec=SpecConfig(...) or as a keyword, not both")
+        return cls(spec=given or SpecConfig(**{"method": method, **flat}), **kwargs)
 
     @property
     def speculative(self) -> bool:

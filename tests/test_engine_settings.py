@@ -1,7 +1,6 @@
 """Settings every entry point applies alike: an engine directory's engine.json limits (explicit arguments win),
 and the engine seed (requests without a seed of their own draw theirs from it)."""
 import json
-import os
 import shutil
 
 import pytest

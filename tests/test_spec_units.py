@@ -8,7 +8,6 @@ import random
 import pytest
 import torch
 
-import tiny
 from dflash_trt.detokenizer import DetokState, Detokenizer
 from dflash_trt.engine_config import EngineConfig
 from dflash_trt.errors import DFlashError
