@@ -16,7 +16,13 @@ SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      "gemma3_text": "Gemma3ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                      "kimi_k2": "DeepseekV3ForCausalLM",  # Kimi K2: the DeepSeek-V3 architecture, its own model_type
                      # Kimi K2.5 / K2.6: a vision wrapper around DeepSeek-V3, served text-only
-                     "kimi_k25": "Kimi_K25ForConditionalGeneration", "minimax_m2": "MiniMaxM2ForCausalLM"}
+                     "kimi_k25": "Kimi_K25ForConditionalGeneration", "minimax_m2": "MiniMaxM2ForCausalLM",
+                     # hybrid Gated DeltaNet / full-attention targets (models/qwen3_5.py); the multimodal
+                     # Qwen3.5 wrappers are served text-only
+                     "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+                     "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+                     "qwen3_next": "Qwen3NextForCausalLM"}
+HYBRID_TARGETS = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -127,13 +133,23 @@ class TargetConfig:
     # multimodal placeholders (Kimi K2.5's image / video token ids): transformers embeds them as token 0 when no
     # media comes with them, so a text-only target does too
     media_token_ids: list[int] = field(default_factory=list)
+    # linear-attention hybrids: their HybridConfig (models/qwen3_5.py), which the model code reads; only the
+    # full-attention layers have a paged cache, the others a fixed-size state per request
+    hybrid: object | None = None
+
+    @property
+    def cached_layers(self) -> list[int]:
+        """Target layers with a paged KV cache, in order (every layer except a hybrid's linear ones)."""
+        if self.hybrid is not None:
+            return list(self.hybrid.attention_layers)
+        return list(range(self.num_hidden_layers))
 
     def cache_layers(self, tp: int = 1) -> list[tuple[int, int, int]]:
         """Per layer (kv_heads, k_dim, v_dim) of the paged cache on one of `tp` ranks. v_dim 0: the layer keeps
         its values inside the K cache (MLA: the latent is both the key's first part and the value)."""
         if self.mla is not None:
             return [(1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, 0)] * self.num_hidden_layers
-        return [(self.num_key_value_heads // tp, self.head_dim, self.head_dim)] * self.num_hidden_layers
+        return [(self.num_key_value_heads // tp, self.head_dim, self.head_dim)] * len(self.cached_layers)
 
     def window(self, layer: int) -> int | None:
         """The layer's sliding window (keys p - window + 1 .. p), None for full attention."""
@@ -171,7 +187,24 @@ class TargetConfig:
         if model_type == "kimi_k25":
             from .family_configs import kimi_k25
             return kimi_k25(hf)
+        if model_type in HYBRID_TARGETS:
+            return cls.from_hybrid(hf)
         return cls.from_hf(hf)
+
+    @classmethod
+    def from_hybrid(cls, hf) -> "TargetConfig":
+        """A Qwen3.5 / Qwen3.6 / Qwen3-Next config (or its multimodal wrapper, read through text_config)."""
+        from .models.qwen3_5 import HybridConfig
+
+        h = HybridConfig.from_hf(hf)
+        return cls(model_type=h.model_type, vocab_size=h.vocab_size, hidden_size=h.hidden_size,
+                   intermediate_size=h.intermediate_size, num_hidden_layers=h.num_hidden_layers,
+                   num_attention_heads=h.num_attention_heads, num_key_value_heads=h.num_key_value_heads,
+                   head_dim=h.head_dim, rms_norm_eps=h.rms_norm_eps, rope=h.rope,
+                   max_position_embeddings=h.max_position_embeddings, tie_word_embeddings=h.tie_word_embeddings,
+                   qk_norm=True, attention_bias=h.attention_bias, bos_token_id=h.bos_token_id,
+                   eos_token_ids=list(h.eos_token_ids), torch_dtype=h.torch_dtype, layer_types=list(h.layer_types),
+                   moe=h.moe, rotary_dim=h.rotary_dim, hybrid=h)
 
     @classmethod
     def from_hf(cls, hf) -> "TargetConfig":

@@ -18,6 +18,7 @@ from .errors import DFlashError
 from .kv_cache import allocate_pools, plan_kv_pools
 from .loader import ModelPaths, load_configs, load_models, prepare_for_device
 from .model_runner import ModelRunner, load_plugin_ops
+from .models.gated_deltanet import choose_rollback
 from .sampling import SamplingParams
 from .scheduler import Scheduler, StepOutput
 from .sequence import Sequence
@@ -68,17 +69,27 @@ class LLMEngine:
                                                                sharded=self.dist is not None)
         self.ops = load_plugin_ops(cfg.use_plugins)
         d_layers = [(dcfg.num_key_value_heads // self.tp_size, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
+        state_bytes = self.target.state_bytes_per_request()
         self.kv_plan = plan_kv_pools(
-            tcfg.cache_layers(self.tp_size), d_layers, [tcfg.window(i) for i in range(tcfg.num_hidden_layers)],
+            tcfg.cache_layers(self.tp_size), d_layers, [tcfg.window(i) for i in tcfg.cached_layers],
             page=cfg.page_size, max_seq_len=cfg.max_seq_len, max_batch_size=cfg.max_batch_size,
             max_num_tokens=cfg.max_num_tokens, dtype=cfg.torch_dtype, budget=cfg.kv_cache_bytes,
-            window_cache=cfg.window_cache)
+            window_cache=cfg.window_cache, state_bytes_per_request=state_bytes)
         self.blocks, t_caches, d_caches = allocate_pools(self.kv_plan, cfg.torch_dtype, cfg.device)
         self.proposer = make_proposer(spec, self.target, self.drafter, d_caches, cfg.page_size, cfg.device, self.ops)
         self.max_draft_len = self.proposer.max_draft_len(spec.max_draft_len)
+        # a hybrid target's linear-attention states: one slot per running request (kv_cache.CacheBlocks hands
+        # them out), rolled back after each verify block (ModelRunner.commit)
+        states = self.target.new_state_pool(self.kv_plan.state_slots, cfg.device) if state_bytes else None
+        self.linear_rollback = choose_rollback(cfg.linear_rollback, state_bytes, cfg.max_batch_size,
+                                               self.max_draft_len + 1, self.kv_plan.total_bytes)
+        # the chunked delta rule's bits depend on where chunks start, which scheduling decides: the CPU's
+        # batch-invariant runs (DFlash == AR bit for bit) keep every prefill on the recurrent kernel
+        chunked_min = None if str(cfg.device).startswith("cpu") else 64
         self.runner = ModelRunner(self.target, t_caches, cfg.page_size, cfg.device,
                                   window_pool=bool(self.kv_plan.windowed),
-                                  capture=self.proposer.needs_target_features)
+                                  capture=self.proposer.needs_target_features, states=states,
+                                  rollback=self.linear_rollback, chunked_min=chunked_min)
         self.verifier = Verifier(self.ops, getattr(self.target, "tp", None))
         confidence = self.proposer.supports_confidence and self.dist is None  # a vocab-split head has no softmax
         measured = self._measured_costs(min_confidence_for(spec, cfg.device, confidence) > 0)
@@ -166,6 +177,7 @@ class LLMEngine:
         drafts = {i: d[:keep[i]] for i, d in proposal.drafts.items()}
         out = self.runner.run(work, drafts)
         committed = dict(zip(out.verify, self.verifier(list(out.verify.values()), out.logits)))
+        self.runner.commit(work, out, committed)
         self.proposer.observe(work, out.target_pass, {
             w.seq.seq_id: w.num_rows if w.is_prefill else len(committed[w.seq.seq_id]) for w in work})
         now = time.perf_counter()

@@ -39,6 +39,10 @@ class EngineConfig:
     fp8_compute: bool | None = None
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True
+    # linear-attention hybrids: what a verify pass keeps to roll each request's state back to its accepted prefix
+    # (models/gated_deltanet.py LinearBatch): "states" (the state after every row), "inputs" (each row's recurrence
+    # inputs, replayed at commit), or "auto": states when their scratch is small beside the KV cache
+    linear_rollback: str = "auto"
     # tensor parallelism over the ranks mpirun started (default: engine.json's tp_size, else the world size)
     tp_size: int | None = None
 
@@ -49,6 +53,8 @@ class EngineConfig:
             raise DFlashError("max_batch_size, max_num_tokens and max_seq_len must be positive")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.linear_rollback not in ("auto", "states", "inputs"):
+            raise DFlashError(f"linear_rollback must be auto, states or inputs, got {self.linear_rollback!r}")
         if self.tp_size is not None and (not isinstance(self.tp_size, int) or self.tp_size < 1):
             raise DFlashError(f"tp_size must be a positive integer, got {self.tp_size!r}")
 

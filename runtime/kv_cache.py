@@ -5,7 +5,8 @@ and the drafter's context cache (the drafter's context length always equals the 
 one block table and one free list serve both. Targets with sliding-window layers (gpt-oss, Gemma 3, windowed
 Qwen3-MoE) keep those layers in a second, small pool (`WindowBlockManager`): a request's blocks there are freed
 as soon as every position they hold has left the window, so those layers cost a window's worth of blocks per
-request instead of a whole sequence's.
+request instead of a whole sequence's. Hybrid linear-attention targets also give each running request a slot of
+their fixed-size state pool (models/gated_deltanet.py LinearStatePool), taken and freed with its blocks.
 """
 from __future__ import annotations
 
@@ -75,11 +76,13 @@ class WindowBlockManager(BlockManager):
 
 
 class CacheBlocks:
-    """A request's blocks in every pool: what the scheduler grows, trims and frees."""
+    """A request's blocks in every pool, and its state slot when the target has one: what the scheduler grows,
+    trims and frees."""
 
-    def __init__(self, main: BlockManager, window: WindowBlockManager | None = None):
+    def __init__(self, main: BlockManager, window: WindowBlockManager | None = None, state_slots: int = 0):
         self.main, self.window = main, window
         self.block_size = main.block_size
+        self.slots = list(range(state_slots - 1, -1, -1)) if state_slots else None
 
     @property
     def num_blocks(self) -> int:
@@ -91,13 +94,16 @@ class CacheBlocks:
 
     def can_grow(self, seq, num_tokens: int) -> bool:
         return self.main.can_grow(seq.block_table, num_tokens) and (
-            self.window is None or self.window.can_grow(seq.window_table, num_tokens))
+            self.window is None or self.window.can_grow(seq.window_table, num_tokens)) and (
+            self.slots is None or seq.state_slot >= 0 or bool(self.slots))
 
     def grow(self, seq, num_tokens: int) -> None:
         """Cover positions 0..num_tokens-1 (callers check can_grow first)."""
         self.main.grow(seq.block_table, num_tokens)
         if self.window is not None:
             self.window.grow(seq.window_table, num_tokens)
+        if self.slots is not None and seq.state_slot < 0:
+            seq.state_slot = self.slots.pop()
 
     def trim(self, seq) -> None:
         if self.window is not None:
@@ -107,6 +113,9 @@ class CacheBlocks:
         self.main.release(seq.block_table)
         if self.window is not None:
             self.window.release(seq.window_table)
+        if self.slots is not None and seq.state_slot >= 0:
+            self.slots.append(seq.state_slot)
+            seq.state_slot = -1
 
 
 def _dims(layer: tuple[int, ...]) -> tuple[int, int, int]:
@@ -143,19 +152,22 @@ class KVPlan:
     draft_layers: list[tuple[int, ...]]
     bytes_per_block: int
     window_bytes: int
+    state_slots: int = 0  # a hybrid target's state pool: one slot per running request
+    state_bytes: int = 0  # ... and its bytes, counted in the budget
 
     @property
     def total_bytes(self) -> int:
-        return self.num_blocks * self.bytes_per_block + self.window_bytes
+        return self.num_blocks * self.bytes_per_block + self.window_bytes + self.state_bytes
 
 
 def plan_kv_pools(target_layers: list[tuple[int, ...]], draft_layers: list[tuple[int, ...]],
                   windows: list[int | None], *, page: int, max_seq_len: int, max_batch_size: int,
                   max_num_tokens: int, dtype: torch.dtype, budget: int | None = None,
-                  window_cache: bool = True) -> KVPlan:
-    """target_layers: (kv_heads, k_dim[, v_dim]) per target layer (this rank's heads); windows: each target
-    layer's sliding window or None. budget: bytes for all pools (default: max_batch_size sequences of
-    max_seq_len, the main pool capped at 2 GiB)."""
+                  window_cache: bool = True, state_bytes_per_request: int = 0) -> KVPlan:
+    """target_layers: (kv_heads, k_dim[, v_dim]) per cached target layer (this rank's heads); windows: each
+    cached layer's sliding window or None. budget: bytes for all pools (default: max_batch_size sequences of
+    max_seq_len, the main pool capped at 2 GiB). state_bytes_per_request: a hybrid's fixed per-request state,
+    max_batch_size slots of it taken from the budget first."""
     windowed = [i for i, w in enumerate(windows) if w] if window_cache else []
     window = max((windows[i] for i in windowed), default=0)
     per_seq = -(-max_seq_len // page) + 1
@@ -167,21 +179,23 @@ def plan_kv_pools(target_layers: list[tuple[int, ...]], draft_layers: list[tuple
     if windowed:  # every running request's window plus one step's rows, and the reserved null block
         w_blocks = max_batch_size * (-(-window // page) + 2) + -(-max_num_tokens // page) + 1
         w_bytes = w_blocks * bytes_per_block(page, [target_layers[i] for i in windowed], dtype)
-    budget = budget or min(2 << 30, per_block * max_batch_size * per_seq) + w_bytes
+    s_bytes = state_bytes_per_request * max_batch_size
+    budget = budget or min(2 << 30, per_block * max_batch_size * per_seq) + w_bytes + s_bytes
     # every layer windowed and no drafter: the main pool holds no bytes, its tables only count positions
-    num_blocks = max(budget - w_bytes, 0) // per_block if per_block else max_batch_size * per_seq
+    num_blocks = max(budget - w_bytes - s_bytes, 0) // per_block if per_block else max_batch_size * per_seq
     if num_blocks * page < max_seq_len + page:
         raise DFlashError(f"KV cache of {budget} bytes holds {num_blocks * page} positions, fewer than "
                           f"max_seq_len {max_seq_len}: raise kv_cache_bytes or lower max_seq_len")
     return KVPlan(page, num_blocks, w_blocks, window, windowed, list(target_layers), list(draft_layers),
-                  per_block, w_bytes)
+                  per_block, w_bytes, max_batch_size if s_bytes else 0, s_bytes)
 
 
 def allocate_pools(plan: KVPlan, dtype, device):
     """The block managers and the caches: (CacheBlocks, target caches per layer, drafter caches per layer)."""
     page, windowed = plan.page, plan.windowed
     blocks = CacheBlocks(BlockManager(plan.num_blocks, page),
-                         WindowBlockManager(plan.window_blocks, page, plan.window) if windowed else None)
+                         WindowBlockManager(plan.window_blocks, page, plan.window) if windowed else None,
+                         plan.state_slots)
     main = iter(allocate_caches(plan.num_blocks, page, [t for i, t in enumerate(plan.target_layers)
                                                           if i not in windowed], dtype, device))
     win = iter(allocate_caches(plan.window_blocks, page, [plan.target_layers[i] for i in windowed], dtype, device)

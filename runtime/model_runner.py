@@ -1,7 +1,10 @@
 """Runs the target once per engine iteration over a packed batch: every prefill chunk and every verify block
 (the bonus token and the request's drafts), with the target's features captured when the proposer needs them.
 Returns the logits of the rows whose next token must be chosen: verify blocks, and prompts that complete now.
-Only lengths move on rejection: rejected rows' K/V stay in the pages and are overwritten later.
+Only lengths move on rejection: rejected rows' K/V stay in the pages and are overwritten later. A hybrid
+target's linear-attention state cannot be truncated that way: each request's state slot starts from zero with
+its first prefill row, prefill chunks and plain decode rows write their new state at once, and a verify block
+leaves its slot at the pre-verify state until `commit` sets it to the state after the committed rows.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionBatch
+from .models.gated_deltanet import LinearBatch
 from .models.target import TargetModel
 from .scheduler import Scheduled
 from .spec.interface import TargetPass
@@ -30,12 +34,17 @@ class TargetOutput:
     target_pass: TargetPass
     verify: dict[int, VerifyItem]  # seq_id -> its verify rows (offsets into `logits`)
     logits: torch.Tensor | None
+    linear: LinearBatch | None = None  # a hybrid target's step: verify segments wait for commit
 
 
 class ModelRunner:
     def __init__(self, target: TargetModel, caches, page_size: int, device, window_pool: bool = False,
-                 capture: bool = False):
+                 capture: bool = False, states=None, rollback: str = "states", chunked_min: int | None = None):
         self.target, self.target_caches = target, caches
+        self.layer_caches = target.layer_caches(caches)
+        # a hybrid target's state pool (None otherwise), what its verify passes keep for the rollback, and the row
+        # count from which a prefill uses the chunked delta rule (None: always the batch-invariant recurrent one)
+        self.states, self.rollback, self.chunked_min = states, rollback, chunked_min
         self.window_pool = window_pool  # sliding-window layers address their own pool (seq.window_table)
         self.page, self.device = page_size, torch.device(device)
         self.capture = capture  # the proposer reads the target's features (needs_target_features)
@@ -59,8 +68,18 @@ class ModelRunner:
         if self.window_pool:
             batch.windowed = AttentionBatch.build(wmeta, self.page, self.device)
         pos_t = torch.tensor(pos, device=self.device)
-        hidden, feats = self.target(torch.tensor(ids, device=self.device), pos_t, self.target_caches, batch,
-                                    capture=self.capture)
+        lb, extra = None, {}
+        if self.states is not None:
+            for w in work:
+                if w.is_prefill and w.seq.num_computed == 0:  # a new or recomputed request: no state yet
+                    self.states.clear(w.seq.state_slot)
+            lb = LinearBatch.from_attention(batch, [w.seq.state_slot for w in work],
+                                            [bool(drafts.get(w.seq.seq_id)) and not w.is_prefill for w in work],
+                                            self.chunked_min)
+            lb.rollback = self.rollback
+            extra = {"states": self.states, "linear": lb}
+        hidden, feats = self.target(torch.tensor(ids, device=self.device), pos_t, self.layer_caches, batch,
+                                    capture=self.capture, **extra)
         # requests whose next tokens we need: verify blocks, and prompts that complete now (K = 0)
         verify, picked = {}, []
         for w in work:
@@ -76,4 +95,14 @@ class ModelRunner:
         logits = None
         if picked:
             logits = self.target.logits(hidden.index_select(0, torch.tensor(picked, device=self.device)))
-        return TargetOutput(TargetPass(rows, feats, pos_t, batch.slot_mapping), verify, logits)
+        return TargetOutput(TargetPass(rows, feats, pos_t, batch.slot_mapping), verify, logits, lb)
+
+    def commit(self, work: list[Scheduled], out: TargetOutput, committed: dict[int, list[int]]) -> None:
+        """After verification: each verify block's state slot becomes the state after its committed rows (the
+        bonus row and the accepted drafts). Targets without recurrent state keep only lengths: nothing to do."""
+        lb = out.linear
+        if lb is None:
+            return
+        for segment, w in enumerate(work):
+            if lb.keep[segment]:
+                self.target.commit(self.states, lb, segment, len(committed[w.seq.seq_id]))

@@ -339,6 +339,17 @@ class LinearBatch:
         return [i for i, k in enumerate(self.keep) if k]
 
 
+def choose_rollback(asked: str, state_bytes_per_request: int, max_batch_size: int, verify_rows: int,
+                    kv_bytes: int) -> str:
+    """LinearBatch.rollback for an engine: "states" (a copy at commit, the fastest) while the state after every
+    row of a full batch of verify blocks takes at most a quarter of the KV cache's bytes, else "inputs" (a
+    ~1/130 of that scratch, replayed at commit). Real models' 16-row DFlash blocks need ~1 GiB of "states"
+    scratch per verifying request (docs/hybrid.md); a tiny CPU model needs little."""
+    if asked != "auto":
+        return asked
+    return "states" if max_batch_size * verify_rows * state_bytes_per_request <= kv_bytes // 4 else "inputs"
+
+
 class LinearStatePool:
     """Every linear-attention layer's state for `slots` sequences: conv [layers, slots, C, K-1] in the model
     dtype, recurrent [layers, slots, Hv, Dk, Dv] in fp32 (the delta rule's precision in transformers and FLA)."""

@@ -258,6 +258,14 @@ class HybridModel(TargetModel):
         dtype = self.model.embed_tokens.weight.dtype
         return LinearStatePool(self.cfg.deltanet, len(self.ordinal), slots, dtype, device)
 
+    def state_bytes_per_request(self) -> int:
+        return self.cfg.state_bytes_per_request(self.model.embed_tokens.weight.dtype)
+
+    def layer_caches(self, caches: list) -> list:
+        """The engine allocates KV for the full-attention layers only: None at the linear ones."""
+        it = iter(caches)
+        return [None if t == "linear_attention" else next(it) for t in self.cfg.layer_types]
+
     def forward(self, ids, positions, kv_caches, batch: AttentionBatch, capture: bool = False, *,
                 states: LinearStatePool, linear: LinearBatch):
         x = self.embed(ids)

@@ -6,6 +6,11 @@ from .target import TargetModel
 
 
 def target_class(model_type: str):
+    from ..config import HYBRID_TARGETS
+
+    if model_type in HYBRID_TARGETS:
+        from .qwen3_5 import HybridModel
+        return HybridModel
     if model_type == "qwen3_moe":
         from .qwen3_moe import Qwen3MoeModel
         return Qwen3MoeModel
@@ -28,4 +33,5 @@ def target_class(model_type: str):
 
 
 def build_target(cfg: TargetConfig, max_positions: int = 4096) -> TargetModel:
-    return target_class(cfg.model_type)(cfg, max_positions)
+    # a hybrid's model code reads its own HybridConfig (models/qwen3_5.py)
+    return target_class(cfg.model_type)(cfg.hybrid if cfg.hybrid is not None else cfg, max_positions)

@@ -136,6 +136,17 @@ class TargetModel(nn.Module):
         pack_linears(self)
         self.head_packed = ops.pack(self.head_weight.data)
 
+    # Per-request recurrent state (linear-attention hybrids override these): bytes of one request's state, its
+    # pool, and the per-layer view of the cached layers' KV caches the forward indexes by layer
+    def state_bytes_per_request(self) -> int:
+        return 0
+
+    def new_state_pool(self, slots: int, device="cpu"):
+        return None
+
+    def layer_caches(self, caches: list) -> list:
+        return caches
+
     def forward(self, ids, positions, kv_caches, batch: AttentionBatch, capture: bool = False):
         x = self.embed(ids)
         cos, sin = self.rotary(positions, x.dtype)
