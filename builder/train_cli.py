@@ -109,12 +109,16 @@ def check_block_size(args, tcfg) -> None:
         raise DFlashError(f"the drafter these flags ask for would be refused by the runtime: {e}") from None
 
 
-def load_data(data: str, vocab_size: int) -> list[dict]:
+def load_data(data: str, vocab_size: int, target_dir: str, regenerate: bool = False) -> list[dict]:
+    from .training.data_formats import is_token_data, read_chat
     from .training.features import read_records
 
     if not os.path.isfile(data):
         raise DFlashError(f"no training data at {data}: pass --data JSONL or --make-data N")
-    records = read_records(data, vocab_size, log=log)
+    if is_token_data(data):
+        records = read_records(data, vocab_size, log=log)
+    else:
+        records = read_chat(data, target_dir, regenerate=regenerate, log=log)
     if len(records) < 2:
         raise DFlashError(f"{data} holds {len(records)} usable record(s) (with output_ids): need at least 2, one to "
                           "train on and one to hold out; --make-data N generates them")
@@ -144,19 +148,38 @@ def split_seqs(seqs: list[dict], records: list[dict], rule: dict, n_eval: int, d
             f"{len(held)} held out by task ({kinds}), {len(sample)} of them scored during training")
 
 
+def record_seqs(records: list[dict], max_len: int) -> list[dict]:
+    """Sequences without features (online mode: the target computes them in the loop)."""
+    return [{"ids": torch.tensor((r["prompt_ids"] + r["output_ids"])[:max_len]), "prompt_len": len(r["prompt_ids"]),
+             "record_id": r["id"]} for r in records]
+
+
+def pick_device(asked: str, group) -> torch.device:
+    if group is not None:
+        return group.device
+    return torch.device(asked)
+
+
 @user_errors
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="dflash-train", description=__doc__,
                                 epilog="Exit status: 0 trained to the end of its schedule or budget; 2 a user error "
                                        "(one line, nothing left behind); 128 + the signal (143 SIGTERM, 130 Ctrl-C) "
-                                       "stopped early after saving its checkpoint and drafter: --resume continues.")
+                                       "stopped early after saving its checkpoint and drafter: --resume continues. "
+                                       "Data parallel: torchrun --nproc_per_node N -m dflash_trt.builder.train_cli "
+                                       "... (docs/training.md).")
     p.add_argument("--target", help="Hugging Face target directory (default: the embedded SmolLM2-135M)")
     p.add_argument("--output", required=True, help="directory for the drafter, checkpoints and logs")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-layers", type=int, default=3)
     p.add_argument("--target-layer-ids", type=int, nargs="+")
     p.add_argument("--mask-token-id", type=int)
-    p.add_argument("--data", help="JSONL of {prompt_ids, output_ids} (made by --make-data when absent)")
+    p.add_argument("--data", help="JSONL of {prompt_ids, output_ids}, chat `messages` / ShareGPT `conversations`, "
+                                  "or {prompt, response} (docs/training.md); made by --make-data when absent")
+    p.add_argument("--regenerate", choices=("runtime", "vllm", "trtllm"),
+                   help="self-distillation of --data: the target answers its prompts (greedy) through our runtime, "
+                        "vLLM or TensorRT-LLM, written to OUTPUT/data.jsonl; the data's own responses are ignored")
+    p.add_argument("--regenerate-max-tokens", type=int, default=512)
     p.add_argument("--make-data", type=int, default=0, metavar="N", help="generate N self-distillation records")
     p.add_argument("--magpie", type=int, default=0, metavar="N",
                    help="with --make-data: also N requests the target writes itself (Magpie), answered first")
@@ -176,21 +199,62 @@ def main(argv=None) -> int:
     p.add_argument("--session-minutes", type=float, help="stop this invocation after M minutes (resume later)")
     p.add_argument("--lr", type=float, default=6e-4)
     p.add_argument("--anchors-per-seq", type=int, default=48)
-    p.add_argument("--seqs-per-step", type=int, default=4)
+    p.add_argument("--seqs-per-step", type=int, default=4,
+                   help="sequences per optimizer step over all ranks (a multiple of the number of ranks)")
+    p.add_argument("--max-seq-len", type=int, default=1024, help="tokens of a record trained on (prompt first)")
     p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
+    p.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
+    p.add_argument("--seed", type=int, default=0, help="data order and anchors")
     p.add_argument("--full-head", action="store_true",
                    help="train against every vocabulary row (default: only the tokens the training labels use)")
+    p.add_argument("--features", choices=("auto", "cache", "online"), default="auto",
+                   help="target features: an offline cache on disk computed once, or the target run in the "
+                        "training loop; auto: the cache while it fits --feature-cache-limit")
+    p.add_argument("--feature-cache-limit", type=float, default=20.0, metavar="GB")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 target, bf16 autocast, float32 drafter "
+                                                   "weights); under torchrun each rank takes cuda:LOCAL_RANK")
+    p.add_argument("--progress", action="store_true", help="a progress bar (default: when stderr is a terminal)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output")
     p.add_argument("--threads", type=int)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    for flag in ("save_every", "log_every", "eval_every", "max_seq_len", "seqs_per_step", "regenerate_max_tokens"):
+        if getattr(args, flag) < 1:
+            raise DFlashError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: give 1 or more")
+    if args.regenerate and not args.data:
+        raise DFlashError("--regenerate needs --data: the prompts for the target to answer")
+
+    from .training.distributed import init_group, launched_world
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise DFlashError(f"--device {args.device}: this machine has no CUDA device torch can use; use --device cpu")
+    if args.seqs_per_step % launched_world():
+        raise DFlashError(f"--seqs-per-step {args.seqs_per_step} does not split over {launched_world()} ranks: "
+                          f"give a multiple of {launched_world()}")
+    group = init_group(args.device)
+    try:
+        return _train(args, group)
+    finally:
+        if group is not None:
+            group.close()
+
+
+def _train(args, group) -> int:
+    global log
+    rank0 = group is None or group.rank == 0
+    if not rank0:
+        log = lambda *_: None  # noqa: E731 - rank 0 speaks for the run
+    sync = group.barrier if group is not None else (lambda: None)
+    device = pick_device(args.device, group)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
 
     from ..config import DraftConfig, TargetConfig
     from ..draft_init import init_drafter_from_target
     from ..loader import ModelPaths, load_models
     from ..models.draft import DFlashDrafter
     from .training.features import build_feature_shards, load_shard
+    from .training.online import OnlineFeatures, choose_mode
     from .training.trainer import TrainConfig, Trainer
 
     target_dir = args.target
@@ -209,60 +273,93 @@ def main(argv=None) -> int:
     if not os.path.isfile(os.path.join(init_dir, "config.json")):
         check_block_size(args, tcfg)
     data = args.data or os.path.join(out, "data.jsonl")
-    records = None
-    if not args.make_data:  # user data: every fault found before OUTPUT is touched
-        records = load_data(data, tcfg.vocab_size)
+    records = user = None
+    if args.regenerate:  # the user's prompts, checked now; the target's answers go to OUTPUT/data.jsonl
+        user = load_data(args.data, tcfg.vocab_size, target_dir, regenerate=True)
+        data = os.path.join(out, "data.jsonl")
+    elif not args.make_data:  # user data: every fault found before OUTPUT is touched
+        records = load_data(data, tcfg.vocab_size, target_dir)
     rule = split_rule(out, args.split, args.resume)
+    sync()  # every rank has looked at OUTPUT before rank 0 writes to it
 
     # Anything this invocation creates before training starts is removed again if it fails, so that the same
     # command works again without --resume; a run's own files (a resumed OUTPUT) are never touched.
     created = [] if os.path.isdir(out) else [out]
     try:
-        os.makedirs(out, exist_ok=True)
-        if args.make_data:
-            from .training.datagen import generate_data
-            generate_data(target_dir, data, args.make_data, magpie=args.magpie,
-                          magpie_domains=args.magpie_domains, log=log)
-            records = load_data(data, tcfg.vocab_size)
-        if not os.path.isfile(os.path.join(init_dir, "config.json")):
-            created.append(init_dir)
-            init_drafter_from_target(target_dir, init_dir, num_layers=args.num_layers, block_size=args.block_size,
-                                     mask_token_id=args.mask_token_id, target_layer_ids=args.target_layer_ids)
-        if not os.path.isfile(os.path.join(out, SPLIT_FILE)):
-            created.append(os.path.join(out, SPLIT_FILE))
-            with open(os.path.join(out, SPLIT_FILE), "w") as f:
-                json.dump(rule, f, indent=1)
+        if rank0:
+            os.makedirs(out, exist_ok=True)
+            if args.make_data:
+                from .training.datagen import generate_data
+                generate_data(target_dir, data, args.make_data, magpie=args.magpie,
+                              magpie_domains=args.magpie_domains, log=log)
+            if args.regenerate:
+                from .training.regenerate import regenerate
+                regenerate(user, target_dir, data, args.regenerate, args.regenerate_max_tokens,
+                           max_seq_len=max(args.max_seq_len, 2048), log=log)
+            if not os.path.isfile(os.path.join(init_dir, "config.json")):
+                created.append(init_dir)
+                init_drafter_from_target(target_dir, init_dir, num_layers=args.num_layers,
+                                         block_size=args.block_size, mask_token_id=args.mask_token_id,
+                                         target_layer_ids=args.target_layer_ids)
+            if not os.path.isfile(os.path.join(out, SPLIT_FILE)):
+                created.append(os.path.join(out, SPLIT_FILE))
+                with open(os.path.join(out, SPLIT_FILE), "w") as f:
+                    json.dump(rule, f, indent=1)
+        sync()
+        if records is None:
+            records = load_data(data, tcfg.vocab_size, target_dir)
         dcfg = DraftConfig.from_dir(init_dir, num_target_layers=tcfg.num_hidden_layers)
-        target, _ = load_models(ModelPaths(target_dir, None), tcfg, None, torch.float32, "cpu")
+        tokens = sum(min(len(r["prompt_ids"]) + len(r["output_ids"]), args.max_seq_len) for r in records)
+        mode, why = choose_mode(args.features, tcfg.hidden_size, len(dcfg.target_layer_ids), tokens,
+                                args.feature_cache_limit)
+        if args.resume and mode == "online" and args.features == "auto" and os.path.isdir(os.path.join(out, "features")):
+            mode, why = "cache", "offline cache (this run's own, in OUTPUT/features)"
+        log(f"features: {why}")
+        target, _ = load_models(ModelPaths(target_dir, None), tcfg, None, dtype, device)
         drafter = DFlashDrafter(dcfg)
         from ..checkpoint import load_state_dict
         drafter.load_weights(load_state_dict(init_dir, "drafter"), torch.float32)
 
-        shard = 64
-        # data still growing: only full shards, so a later resume adds shards without redoing any
-        shards = build_feature_shards(target_dir, records, dcfg.target_layer_ids, os.path.join(out, "features"),
-                                      seqs_per_shard=shard, full_only=not data_complete(data, len(records)), log=log)
-        by_tokens = None
-        if rule["rule"] == "tasks" and not all(_has_record_ids(path) for path in shards):
-            by_tokens = {tuple((r["prompt_ids"] + r["output_ids"])[:1024]): r["id"] for r in records}
-        seqs = [s for path in shards for s in load_shard(path, by_tokens)]
+        if mode == "cache":
+            fdir = os.path.join(out, "features")
+            if rank0:
+                # data still growing: only full shards, so a later resume adds shards without redoing any
+                build_feature_shards(target_dir, records, dcfg.target_layer_ids, fdir, seqs_per_shard=64,
+                                     max_len=args.max_seq_len, full_only=not data_complete(data, len(records)),
+                                     log=log)
+            sync()
+            shards = sorted(os.path.join(fdir, f) for f in os.listdir(fdir)
+                            if f.startswith("shard_") and f.endswith(".safetensors"))
+            by_tokens = None
+            if rule["rule"] == "tasks" and not all(_has_record_ids(path) for path in shards):
+                by_tokens = {tuple((r["prompt_ids"] + r["output_ids"])[:args.max_seq_len]): r["id"] for r in records}
+            seqs = [s for path in shards for s in load_shard(path, by_tokens)]
+            features = None
+        else:
+            seqs = record_seqs(records, args.max_seq_len)
+            features = OnlineFeatures(target, list(dcfg.target_layer_ids))
         train_seqs, eval_seqs, said = split_seqs(seqs, records, rule, args.eval_records, data)
     except DFlashError:
         for path in reversed(created):
             shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.remove(path)
         raise
-    log(f"{len(train_seqs)} training sequences, {said}, {sum(s['ids'].numel() for s in train_seqs)} tokens")
+    world = group.world if group is not None else 1
+    log(f"{len(train_seqs)} training sequences, {said}, {sum(s['ids'].numel() for s in train_seqs)} tokens; "
+        f"{world} rank(s) on {device.type}")
     cfg = TrainConfig(block_size=dcfg.block_size, anchors_per_seq=args.anchors_per_seq,
                       seqs_per_step=args.seqs_per_step, lr=args.lr, max_steps=args.max_steps,
                       time_budget_min=args.time_budget, session_min=args.session_minutes,
-                      eval_every=args.eval_every, full_head=args.full_head)
+                      eval_every=args.eval_every, save_every=args.save_every, seed=args.seed,
+                      full_head=args.full_head, log_every=args.log_every)
     embed_w = target.model.embed_tokens.weight.detach()
     head_w = target.head_weight.detach()
-    trainer = Trainer(drafter, embed_w, head_w, train_seqs, cfg, os.path.join(out, "checkpoint"), log=log)
+    trainer = Trainer(drafter, embed_w, head_w, train_seqs, cfg, os.path.join(out, "checkpoint"), log=log,
+                      features=features, dist=group)
     if args.resume:
         trainer.resume()
     final = os.path.join(out, "drafter")
-    stopped = trainer.run(lambda d: export_drafter(d, final, vocab=trainer.vocab), eval_seqs)
+    stopped = trainer.run(lambda d: export_drafter(d, final, vocab=trainer.vocab), eval_seqs,
+                          progress=args.progress or sys.stderr.isatty())
     if stopped:
         # not 0: a script must tell a run cut short from a finished one (128 + signal, as a shell reports it)
         log(f"drafter of step {trainer.step} written to {final}; stopped by signal {stopped}: exit {128 + stopped}")

@@ -8,9 +8,16 @@ Only fc, hidden_norm, the layers and norm train; the target's embedding and head
 On a CPU the frozen head dominates a step (49K rows for SmolLM2), so training scores only the head rows of
 tokens the training labels use (`label_vocab`): self-distilled answers use a few thousand distinct tokens. The
 held-out tau drafts from those rows too, as decoding does with the exported draft_vocab.json.
+
+The loss over the head is computed in row chunks (linear_cross_entropy): a [rows, vocab] logits tensor of a real
+target (152K rows for Qwen3) would be the largest activation of the step. Features come from the offline cache
+(features.py) or from the target run in the loop (online.py); data parallelism (distributed.py) splits each
+global batch over the ranks, which all draw it from the same random state.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -36,8 +43,8 @@ def position_weights(block_size: int, gamma: float | None = None) -> torch.Tenso
 def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> torch.Tensor:
     """[N*B, ctx_len + N*B] bool: row of block n sees context j < a_n and all rows of block n."""
     n = anchors.numel()
-    blk = torch.arange(n).repeat_interleave(block_size)
-    ctx = torch.arange(ctx_len)[None, :] < anchors.repeat_interleave(block_size)[:, None]
+    blk = torch.arange(n, device=anchors.device).repeat_interleave(block_size)
+    ctx = torch.arange(ctx_len, device=anchors.device)[None, :] < anchors.repeat_interleave(block_size)[:, None]
     own = blk[:, None] == blk[None, :]
     return torch.cat([ctx, own], dim=1)
 
@@ -53,7 +60,7 @@ def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kb: tor
     g, n = h // kvh, nb // block_size
     qh = q.reshape(nb, kvh, g, d).permute(1, 2, 0, 3)  # [KVH, G, NB, D]
     s_ctx = torch.einsum("kgrd,tkd->kgrt", qh, kc) * scale
-    visible = torch.arange(t)[None, :] < anchors.repeat_interleave(block_size)[:, None]  # [NB, T]
+    visible = torch.arange(t, device=q.device)[None, :] < anchors.repeat_interleave(block_size)[:, None]  # [NB, T]
     s_ctx = s_ctx.masked_fill(~visible, float("-inf"))
     qb = qh.reshape(kvh, g, n, block_size, d)
     kbb = kb.reshape(n, block_size, kvh, d).permute(2, 0, 1, 3)  # [KVH, N, B, D]
@@ -68,7 +75,7 @@ def block_attention(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, kb: tor
 
 def block_labels(ids: torch.Tensor, anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     """[N, B-1]: row k of block n predicts x_{a_n + k}; -100 past the end of the sequence."""
-    idx = anchors[:, None] + torch.arange(1, block_size)[None, :]
+    idx = anchors[:, None] + torch.arange(1, block_size, device=anchors.device)[None, :]
     return torch.where(idx < ids.numel(), ids[idx.clamp(max=ids.numel() - 1)], torch.full_like(idx, -100))
 
 
@@ -87,13 +94,13 @@ def draft_rows(drafter, embed_w: torch.Tensor, ids: torch.Tensor, feats: torch.T
                anchors: torch.Tensor) -> torch.Tensor:
     """Differentiable drafter forward for all blocks of one sequence; returns normed hidden [N, B-1, H]."""
     cfg = drafter.cfg
-    b, n, t = cfg.block_size, anchors.numel(), ids.numel()
+    b, n, t, dev = cfg.block_size, anchors.numel(), ids.numel(), ids.device
     c = drafter.project_context(feats.to(embed_w.dtype))
-    blk_ids = torch.full((n, b), cfg.mask_token_id, dtype=torch.long)
+    blk_ids = torch.full((n, b), cfg.mask_token_id, dtype=torch.long, device=dev)
     blk_ids[:, 0] = ids[anchors]
     x = F.embedding(blk_ids.flatten(), embed_w) * cfg.input_embedding_scale
-    pos_b = (anchors[:, None] + torch.arange(b)[None, :]).flatten()
-    cos_c, sin_c = drafter.rotary(torch.arange(t), x.dtype)
+    pos_b = (anchors[:, None] + torch.arange(b, device=dev)[None, :]).flatten()
+    cos_c, sin_c = drafter.rotary(torch.arange(t, device=dev), x.dtype)
     cos_b, sin_b = drafter.rotary(pos_b, x.dtype)
     for layer in drafter.layers:
         att = layer.self_attn
@@ -107,18 +114,87 @@ def draft_rows(drafter, embed_w: torch.Tensor, ids: torch.Tensor, feats: torch.T
     return drafter.norm(x).view(n, b, -1)[:, 1:]
 
 
+CE_CHUNK_ELEMENTS = 1 << 26  # logits held at once by linear_cross_entropy (256 MiB in float32)
+
+
+def _chunk_rows(vocab: int, chunk: int | None) -> int:
+    return chunk or max(1, CE_CHUNK_ELEMENTS // vocab)
+
+
+def _ce_chunk(h: torch.Tensor, head_w: torch.Tensor, labels: torch.Tensor, mult: float, grad: bool):
+    """(ce, argmax, d ce / d h or None) of one chunk of rows; logits in float32, never kept."""
+    logits = F.linear(h.to(head_w.dtype), head_w).float() * mult
+    valid = labels != -100
+    lab = labels.clamp(min=0)
+    lse = torch.logsumexp(logits, -1)
+    ce = torch.where(valid, lse - logits.gather(1, lab[:, None])[:, 0], torch.zeros_like(lse))
+    pred = logits.argmax(-1)
+    dh = None
+    if grad:  # softmax - onehot, through the head: the gradient of each row's ce with respect to its hidden row
+        p = torch.softmax(logits, -1)
+        p[torch.arange(p.shape[0], device=p.device), lab] -= 1.0
+        p *= valid[:, None] * mult
+        dh = (p.to(head_w.dtype) @ head_w).to(h.dtype)
+    return ce, pred, dh
+
+
+class _LinearCE(torch.autograd.Function):
+    """Row-wise cross-entropy of hidden @ head.T against labels, in chunks of rows. The gradient of each row is
+    computed with its chunk in the forward (the head is frozen, so d/dh is all backward needs) and scaled by the
+    incoming gradient in the backward: the [rows, vocab] logits exist one chunk at a time, in neither pass in
+    full (what fused linear-cross-entropy kernels do, in plain torch)."""
+
+    @staticmethod
+    def forward(ctx, hidden, head_w, labels, mult, chunk):
+        ces, preds, dhs = [], [], []
+        for i in range(0, hidden.shape[0], chunk):
+            ce, pred, dh = _ce_chunk(hidden[i:i + chunk], head_w, labels[i:i + chunk], mult, True)
+            ces.append(ce)
+            preds.append(pred)
+            dhs.append(dh)
+        ctx.save_for_backward(torch.cat(dhs))
+        pred = torch.cat(preds)
+        ctx.mark_non_differentiable(pred)
+        return torch.cat(ces), pred
+
+    @staticmethod
+    def backward(ctx, grad_ce, _grad_pred):
+        (dh,) = ctx.saved_tensors
+        return (grad_ce[:, None] * dh).to(dh.dtype), None, None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, head_w: torch.Tensor, labels: torch.Tensor, mult: float = 1.0,
+                         chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-row cross-entropy [R] float32, argmax [R]) of logits = hidden @ head_w.T * mult, rows with label -100
+    scoring 0; chunk: rows per chunk (default: CE_CHUNK_ELEMENTS logits)."""
+    chunk = _chunk_rows(head_w.shape[0], chunk)
+    if torch.is_grad_enabled() and hidden.requires_grad:
+        return _LinearCE.apply(hidden, head_w, labels, mult, chunk)
+    out = [_ce_chunk(hidden[i:i + chunk], head_w, labels[i:i + chunk], mult, False)
+           for i in range(0, hidden.shape[0], chunk)]
+    return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+
+
 def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head_w: torch.Tensor, weights: torch.Tensor,
-               output_multiplier: float = 1.0):
+               output_multiplier: float = 1.0, chunk: int | None = None):
     """Weighted same-position cross-entropy; also returns per-row correctness for acceptance estimates."""
     n, k, hdim = hidden.shape
-    logits = F.linear(hidden.reshape(-1, hdim), head_w) * output_multiplier
-    flat = labels.reshape(-1)
-    ce = F.cross_entropy(logits, flat, ignore_index=-100, reduction="none").view(n, k)
+    ce, pred = linear_cross_entropy(hidden.reshape(-1, hdim), head_w, labels.reshape(-1), output_multiplier, chunk)
+    ce = ce.view(n, k)
     valid = (labels != -100).float()
-    w = weights[None, :k] * valid
+    w = weights.to(ce.device)[None, :k] * valid
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
-    correct = (logits.argmax(-1).view(n, k) == labels) & (labels != -100)
+    correct = (pred.view(n, k) == labels) & (labels != -100)
     return loss, correct
+
+
+def plain_block_loss(hidden, labels, head_w, weights, output_multiplier: float = 1.0):
+    """block_loss with the whole [rows, vocab] logits tensor: the reference the chunked loss is tested against."""
+    n, k, hdim = hidden.shape
+    logits = F.linear(hidden.reshape(-1, hdim), head_w) * output_multiplier
+    ce = F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=-100, reduction="none").view(n, k)
+    w = weights[None, :k] * (labels != -100).float()
+    return (ce * w).sum() / w.sum().clamp(min=1e-6)
 
 
 def label_vocab(seqs: list[dict], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,6 +233,7 @@ class TrainConfig:
     save_every: int = 100
     seed: int = 0
     full_head: bool = False  # score all vocabulary rows in training, not only the tokens labels use
+    log_every: int = 10
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -165,6 +242,15 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / warm
     p = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * p))
+
+
+def autocast(device):
+    """bfloat16 autocast on a GPU (the drafter's master weights stay float32 for AdamW); nothing on a CPU, whose
+    float32 results the tests pin."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def decode_anchors(runs: torch.Tensor) -> list[int]:
@@ -187,22 +273,25 @@ def evaluate_counts(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: i
     sum, and the steps and tokens of decoding's walk (0 when the sequence has more than anchors_per_seq
     candidates). Groups of sequences add up; loss=False skips the full-head loss (the costliest part) when only
     acceptance is wanted and drafts come from `vocab`."""
-    out = []
+    out, dev = [], embed_w.device
+    vocab = vocab.to(dev) if vocab is not None else None
     vocab_head = head_w[vocab] if vocab is not None else None
     for s in seqs:
         anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), anchors_per_seq, torch.Generator().manual_seed(0))
         if anchors.numel() == 0:
             out.append(None)
             continue
-        h = draft_rows(drafter, embed_w, s["ids"], s["features"], anchors)
-        labels = block_labels(s["ids"], anchors, drafter.cfg.block_size)
+        ids, anchors = s["ids"].to(dev), anchors.to(dev)
+        with autocast(dev):
+            h = draft_rows(drafter, embed_w, ids, s["features"].to(dev), anchors)
+        labels = block_labels(ids, anchors, drafter.cfg.block_size)
         loss_sum = 0.0
         if loss or vocab is None:
             lv, correct = block_loss(h, labels, head_w, position_weights(drafter.cfg.block_size),
                                      drafter.cfg.output_multiplier)
             loss_sum = lv.item() * anchors.numel()
         if vocab is not None:
-            pred = vocab[(h @ vocab_head.T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
+            pred = vocab[(h.to(vocab_head.dtype) @ vocab_head.T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
             correct = (pred == labels) & (labels != -100)
         runs = accepted_lengths(correct, max_draft_len)
         c = {"anchors": anchors.numel(), "accepted": runs.float().sum().item(), "loss_sum": loss_sum,
@@ -231,25 +320,55 @@ def evaluate(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: int, anc
     return taus(evaluate_counts(drafter, embed_w, head_w, seqs, max_draft_len, anchors_per_seq, vocab))
 
 
+def anchor_generator(seed: int, step: int, item: int) -> torch.Generator:
+    """The anchors of item `item` of step `step`'s global batch: a function of the three numbers, so a rank draws
+    the same anchors for a sequence as a single process would, and a resumed run the same as an unbroken one."""
+    key = hashlib.sha256(f"dflash-anchors|{seed}|{step}|{item}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(key[:8], "big") >> 1)
+
+
+def cached_features(seqs: list[dict]) -> list[torch.Tensor]:
+    """The features of sequences loaded from the offline cache (features.load_shard)."""
+    return [s["features"] for s in seqs]
+
+
 class Trainer:
+    """features: sequences -> their target features (cached_features, or online.OnlineFeatures running the
+    target); dist: a distributed.Group under torchrun. Every rank draws the same global batch of
+    cfg.seqs_per_step sequences from the same random state and trains items rank, rank + world, ...; gradients are
+    summed over the ranks, so a step is the single-process step over the same batch."""
+
     def __init__(self, drafter, embed_w, head_w, train_seqs: list[dict], cfg: TrainConfig, out_dir: str,
-                 log=print):
-        self.d, self.embed_w, self.head_w = drafter, embed_w, head_w
-        self.seqs, self.cfg, self.out, self.log = train_seqs, cfg, out_dir, log
+                 log=print, features=None, dist=None):
+        from ...errors import DFlashError
+
+        self.dist = dist
+        self.rank, self.world = (dist.rank, dist.world) if dist is not None else (0, 1)
+        if cfg.seqs_per_step % self.world:
+            raise DFlashError(f"--seqs-per-step {cfg.seqs_per_step} does not split over {self.world} ranks: give a "
+                              f"multiple of {self.world}")
+        self.dev = embed_w.device
+        self.d, self.embed_w, self.head_w = drafter.to(self.dev), embed_w, head_w
+        drafter.rotary.to(self.dev)
+        self.seqs, self.cfg, self.out = train_seqs, cfg, out_dir
+        self.log = log if self.rank == 0 else (lambda *_: None)
+        self.features = features or cached_features
         for p in drafter.parameters():
             p.requires_grad_(True)
         self.params = [p for p in drafter.parameters()]
+        if dist is not None:
+            dist.broadcast(self.params)
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.step, self.elapsed, self.history = 0, 0.0, []
-        self.weights = position_weights(drafter.cfg.block_size)
+        self.weights = position_weights(drafter.cfg.block_size).to(self.dev)
         self.rng = random.Random(cfg.seed)
-        self.gen = torch.Generator().manual_seed(cfg.seed)
         self.lut = self.vocab = None  # vocab: what the exported draft_vocab.json holds (decoding drafts from it)
         if not cfg.full_head:
             self.vocab, self.lut = label_vocab(train_seqs, head_w.shape[0])
-            self.train_head = head_w[self.vocab].contiguous()
-            log(f"training loss over {self.vocab.numel()} of {head_w.shape[0]} vocabulary rows "
-                "(tokens the labels use)")
+            self.train_head = head_w[self.vocab.to(self.dev)].contiguous()
+            self.lut = self.lut.to(self.dev)
+            self.log(f"training loss over {self.vocab.numel()} of {head_w.shape[0]} vocabulary rows "
+                     "(tokens the labels use)")
         else:
             self.train_head = head_w
 
@@ -258,58 +377,83 @@ class Trainer:
         return os.path.join(self.out, "trainer_state.pt")
 
     def save(self, export) -> None:
+        """Rank 0 writes; the others hold the same weights and state."""
+        if self.rank != 0:
+            return
         os.makedirs(self.out, exist_ok=True)
         tmp = self.state_path() + ".tmp"
         torch.save({"step": self.step, "elapsed": self.elapsed, "history": self.history,
-                    "model": self.d.state_dict(), "opt": self.opt.state_dict(),
-                    "rng": self.rng.getstate(), "gen": self.gen.get_state()}, tmp)
+                    "model": self.d.state_dict(), "opt": self.opt.state_dict(), "rng": self.rng.getstate(),
+                    "world": self.world}, tmp)
         os.replace(tmp, self.state_path())
         export(self.d)
 
     def resume(self) -> bool:
         if not os.path.isfile(self.state_path()):
             return False
-        st = torch.load(self.state_path(), weights_only=False)
+        st = torch.load(self.state_path(), weights_only=False, map_location="cpu")
         self.d.load_state_dict(st["model"])
         self.opt.load_state_dict(st["opt"])
         self.step, self.elapsed, self.history = st["step"], st["elapsed"], st["history"]
         self.rng.setstate(st["rng"])
-        self.gen.set_state(st["gen"])
         self.log(f"resumed at step {self.step} ({self.elapsed / 60:.1f} min of training)")
         return True
 
     # -- the loop ---------------------------------------------------------------------------------
-    def train_step(self) -> tuple[float, int]:
-        cfg = self.cfg
-        for g in self.opt.param_groups:
-            g["lr"] = lr_at(self.step, cfg)
+    def train_step(self) -> tuple[float, int, int]:
+        """One optimizer step; returns (loss, label rows, sequence tokens) over the global batch."""
+        cfg, g = self.cfg, self.cfg.seqs_per_step
+        for grp in self.opt.param_groups:
+            grp["lr"] = lr_at(self.step, cfg)
         self.opt.zero_grad(set_to_none=True)
-        batch = [self.seqs[self.rng.randrange(len(self.seqs))] for _ in range(cfg.seqs_per_step)]
-        total, rows = 0.0, 0
-        for s in batch:
-            anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), cfg.anchors_per_seq, self.gen)
+        batch = [self.rng.randrange(len(self.seqs)) for _ in range(g)]  # the same on every rank
+        mine = list(range(self.rank, g, self.world))
+        seqs = [self.seqs[batch[j]] for j in mine]
+        feats = self.features(seqs)
+        total = torch.zeros((), device=self.dev)
+        rows = tokens = 0
+        for j, s, f in zip(mine, seqs, feats):
+            tokens += s["ids"].numel()
+            anchors = choose_anchors(s["prompt_len"], s["ids"].numel(), cfg.anchors_per_seq,
+                                     anchor_generator(cfg.seed, self.step, j))
             if anchors.numel() == 0:
                 continue
-            h = draft_rows(self.d, self.embed_w, s["ids"], s["features"], anchors)
-            labels = block_labels(s["ids"], anchors, self.d.cfg.block_size)
+            ids, anchors = s["ids"].to(self.dev), anchors.to(self.dev)
+            with autocast(self.dev):
+                h = draft_rows(self.d, self.embed_w, ids, f.to(self.dev), anchors)
+            labels = block_labels(ids, anchors, self.d.cfg.block_size)
             rows += int((labels != -100).sum())
             if self.lut is not None:
                 labels = to_subset(labels, self.lut)
             loss, _ = block_loss(h, labels, self.train_head, self.weights, self.d.cfg.output_multiplier)
-            (loss / len(batch)).backward()
-            total += loss.item() / len(batch)
+            (loss / g).backward()
+            total += loss.detach() / g
+        if self.dist is not None:
+            self.dist.sum_grads(self.params)
+            total, rows, tokens = self.dist.sum_values([total.item(), rows, tokens])
+        else:
+            total = total.item()
         torch.nn.utils.clip_grad_norm_(self.params, cfg.clip)
         self.opt.step()
         self.step += 1
-        return total, rows
+        return total, int(rows), int(tokens)
 
-    def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None) -> int | None:
+    def run(self, export, eval_seqs: list[dict] | None = None, max_draft_len: int | None = None,
+            progress: bool = False) -> int | None:
         """Train to the end of the schedule or budget; returns the number of the signal that stopped it early
-        (after saving), else None."""
+        (after saving), else None. Rank 0 evaluates, logs and saves. progress: a tqdm bar (rank 0)."""
         cfg = self.cfg
         k = max_draft_len or self.d.cfg.block_size - 1
         budget = cfg.time_budget_min * 60 if cfg.time_budget_min else None
         session_end = time.time() + cfg.session_min * 60 if cfg.session_min else None
+        if self.rank != 0:
+            eval_seqs = None
+        if eval_seqs and any("features" not in s for s in eval_seqs):  # online: computed once, kept
+            eval_seqs = [dict(s, features=f.cpu()) for s, f in zip(eval_seqs, self.features(eval_seqs))]
+        self.bar = None
+        if progress and self.rank == 0:
+            from tqdm import tqdm
+            self.bar = tqdm(total=cfg.max_steps, initial=self.step, unit="step", dynamic_ncols=True)
 
         def record(train_loss):
             tau, loss, tau_decode = evaluate(self.d, self.embed_w, self.head_w, eval_seqs, k, vocab=self.vocab)
@@ -326,31 +470,59 @@ class Trainer:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 restore[sig] = signal.signal(sig, lambda signum, _: stop.append(signum))
         try:
-            self._loop(cfg, record, eval_seqs, export, budget, session_end, stop)
+            signum = self._loop(cfg, record, eval_seqs, export, budget, session_end, stop)
         finally:
             for sig, h in restore.items():
                 signal.signal(sig, h)
-        if stop:
+            if self.bar is not None:
+                self.bar.close()
+        if signum:
             self.log(f"stopped by a signal at step {self.step}; --resume continues")
         self.save(export)
-        with open(os.path.join(self.out, "history.json"), "w") as f:
-            json.dump(self.history, f, indent=1)
-        return stop[0] if stop else None
+        if self.rank == 0:
+            with open(os.path.join(self.out, "history.json"), "w") as f:
+                json.dump(self.history, f, indent=1)
+        if self.dist is not None:
+            self.dist.barrier()  # the checkpoint is on disk before any rank reports success
+        return signum or None
 
-    def _loop(self, cfg, record, eval_seqs, export, budget, session_end, stop) -> None:
-        t_last, rows_acc = time.time(), 0
-        while (not stop and self.step < cfg.max_steps and (budget is None or self.elapsed < budget)
-               and (session_end is None or time.time() < session_end)):
+    def _should_stop(self, stop, budget, session_end) -> int:
+        """The signal number (or -1 for a budget) at which every rank stops at this same step, else 0."""
+        why = stop[0] if stop else 0
+        if not why and ((budget is not None and self.elapsed >= budget)
+                        or (session_end is not None and time.time() >= session_end)):
+            why = -1
+        if self.dist is not None:  # one rank seeing a signal or its clock run out stops them all here
+            why = int(self.dist.max_value(why))
+        return why
+
+    def _loop(self, cfg, record, eval_seqs, export, budget, session_end, stop) -> int:
+        t_last, rows_acc, tok_acc = time.time(), 0, 0
+        log_every = getattr(cfg, "log_every", 10)
+        while self.step < cfg.max_steps:
+            why = self._should_stop(stop, budget, session_end)
+            if why:
+                return max(why, 0)
             t0 = time.time()
-            loss, rows = self.train_step()
+            loss, rows, tokens = self.train_step()
             self.elapsed += time.time() - t0
             rows_acc += rows
-            if self.step % 10 == 0:
-                dt = time.time() - t_last
-                self.log(f"step {self.step} loss {loss:.3f} lr {lr_at(self.step, cfg):.2e} "
-                         f"{rows_acc / dt:.0f} label-rows/s")
-                t_last, rows_acc = time.time(), 0
+            tok_acc += tokens
+            lr = lr_at(self.step, cfg)
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}",
+                                     tok_s=f"{tokens / max(time.time() - t0, 1e-9):.0f}", refresh=False)
+            if self.step % log_every == 0:
+                dt = max(time.time() - t_last, 1e-9)
+                self.log(f"step {self.step} loss {loss:.3f} lr {lr:.2e} {tok_acc / dt:.0f} tokens/s "
+                         f"({rows_acc / dt:.0f} label-rows/s)")
+                t_last, rows_acc, tok_acc = time.time(), 0, 0
             if eval_seqs and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
                 record(loss)
+                if self.bar is not None:
+                    h = self.history[-1]
+                    self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", tau=f"{h['tau_decode']:.2f}")
             if self.step % cfg.save_every == 0:
                 self.save(export)
+        return 0
