@@ -214,6 +214,9 @@ def main(argv=None) -> int:
     p.add_argument("--feature-cache-limit", type=float, default=20.0, metavar="GB")
     p.add_argument("--device", default="cpu", help="cpu or cuda (bf16 target, bf16 autocast, float32 drafter "
                                                    "weights); under torchrun each rank takes cuda:LOCAL_RANK")
+    p.add_argument("--dist-timeout", type=float, default=60.0, metavar="MIN",
+                   help="under torchrun: minutes the ranks wait for each other (rank 0 alone builds a feature cache "
+                        "or regenerates data before training; do long regenerations in a single-process run first)")
     p.add_argument("--progress", action="store_true", help="a progress bar (default: when stderr is a terminal)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --output")
     p.add_argument("--threads", type=int)
@@ -232,7 +235,7 @@ def main(argv=None) -> int:
     if args.seqs_per_step % launched_world():
         raise DFlashError(f"--seqs-per-step {args.seqs_per_step} does not split over {launched_world()} ranks: "
                           f"give a multiple of {launched_world()}")
-    group = init_group(args.device)
+    group = init_group(args.device, args.dist_timeout)
     try:
         return _train(args, group)
     finally:
@@ -326,7 +329,7 @@ def _train(args, group) -> int:
                 # data still growing: only full shards, so a later resume adds shards without redoing any
                 build_feature_shards(target_dir, records, dcfg.target_layer_ids, fdir, seqs_per_shard=64,
                                      max_len=args.max_seq_len, full_only=not data_complete(data, len(records)),
-                                     log=log)
+                                     log=log, target=target)
             sync()
             shards = sorted(os.path.join(fdir, f) for f in os.listdir(fdir)
                             if f.startswith("shard_") and f.endswith(".safetensors"))

@@ -316,3 +316,55 @@ def check_decode_walk(t: str, d: str, prompts: list[list[int]], tmp_path, k: int
     _, _, tau_decode = evaluate(drafter, embed_w, head_w, feats, k, vocab=vocab)
     assert abs(tau_decode - tokens / steps) < 1e-9
     return tau_decode
+
+
+def test_chat_data_in_every_shape_is_the_targets_chat_template(tmp_path):
+    from transformers import AutoTokenizer
+    from dflash_trt.builder.training.data_formats import read_chat
+
+    t = tiny.make_target(str(tmp_path / "t"), layers=1, hidden=16, heads=2, kv_heads=1)
+    tok = AutoTokenizer.from_pretrained(t)
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hey"}, {"role": "user", "content": "Sum 2+2"},
+            {"role": "assistant", "content": "4"}]
+    lines = [{"messages": conv},
+             {"messages": [dict(m, content=[{"type": "text", "text": m["content"]}]) for m in conv]},
+             {"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(m["role"], m["role"]),
+                                 "value": m["content"]} for m in conv]},
+             {"prompt": "Sum 2+2", "response": "4"}, {"id": 40, "instruction": "Sum 2+2", "output": "4"}]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    recs = read_chat(str(data), t)
+    assert [r["id"] for r in recs] == [0, 1, 2, 3, 40]
+    prompt = tok.apply_chat_template(conv[:4], add_generation_prompt=True, tokenize=True, return_dict=False)
+    answer = tok.encode("4", add_special_tokens=False) + [tok.eos_token_id]  # through the end of the turn
+    for r in recs[:3]:  # the last assistant turn is the response, every earlier turn the prompt
+        assert r["prompt_ids"] == list(prompt) and r["output_ids"] == answer and r["prompt"] == "Sum 2+2"
+    single = tok.apply_chat_template([conv[3]], add_generation_prompt=True, tokenize=True, return_dict=False)
+    for r in recs[3:]:
+        assert r["prompt_ids"] == list(single) and r["output_ids"] == answer
+
+
+def test_regenerated_responses_are_the_targets_own_and_train(tmp_path):
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.builder.train_cli import main
+
+    t = tiny.make_target(str(tmp_path / "t"), layers=2, hidden=32, heads=2, kv_heads=1)
+    data = tmp_path / "chat.jsonl"
+    asks = ["Hello there", "Name a colour", "Count to three", "What is 5+5?"]
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": a}]}) + "\n" for a in asks)
+                    + json.dumps({"prompt": "Say yes", "response": "no, I will not"}) + "\n")
+    out = tmp_path / "run"
+    common = ["--target", t, "--output", str(out), "--data", str(data), "--block-size", "4", "--num-layers", "1",
+              "--mask-token-id", "3", "--split", "first", "--eval-records", "1", "--threads", "1",
+              "--regenerate", "runtime", "--regenerate-max-tokens", "12"]
+    assert main(common + ["--max-steps", "2"]) == 0
+    recs = [json.loads(x) for x in open(out / "data.jsonl")]
+    assert len(recs) == 5
+    llm = LLM(target=t, speculative=False)
+    for r in recs:  # the target's greedy answer to the prompt, in its chat template
+        assert r["prompt_ids"] == llm.encode([{"role": "user", "content": r["prompt"]}], chat=True)
+        want = llm.generate([r["prompt_ids"]], SamplingParams(max_tokens=12))[0].token_ids
+        assert r["output_ids"] == want
+    assert main(common + ["--max-steps", "3", "--resume"]) == 0  # nothing regenerated twice
+    assert len(open(out / "data.jsonl").read().splitlines()) == 5

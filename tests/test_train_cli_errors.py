@@ -81,3 +81,25 @@ def test_drafters_the_runtime_refuses_are_refused_up_front(target, tmp_path, fla
     data.write_text(GOOD)
     one_line_error(train(target, out, "--data", str(data), *flags), *words)
     assert not out.exists()
+
+
+CHAT = json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})
+
+
+@pytest.mark.parametrize("line,extra,words", [
+    ('{"messages": "Hi"}', [], ["line 2", "messages is not a non-empty list"]),
+    (json.dumps({"messages": [{"role": "user", "content": "Hi"}]}), [], ["line 2", "no assistant turn",
+                                                                         "--regenerate"]),
+    (json.dumps({"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}), [],
+     ["line 2", "messages[0] content is not text"]),
+    (json.dumps({"conversations": [{"from": "alien", "value": "x"}]}), [], ["line 2", "from 'alien'"]),
+    (json.dumps({"text": "Hi"}), [], ["line 2", "none of the training data shapes", "conversations"]),
+    ("{not json", [], ["line 2 is not JSON"]),
+    (CHAT, ["--regenerate", "vllm"], ["vLLM is not installed"]),
+    (CHAT, ["--device", "cuda"], ["--device cuda", "no CUDA device"]),
+])
+def test_bad_chat_data_is_one_line_and_leaves_nothing(target, tmp_path, line, extra, words):
+    data, out = tmp_path / "d.jsonl", tmp_path / "run"
+    data.write_text("\n".join([CHAT, line, CHAT]) + "\n")
+    one_line_error(train(target, out, "--data", str(data), *extra), *words)
+    assert not out.exists(), sorted(p.name for p in out.iterdir())

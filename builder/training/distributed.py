@@ -6,6 +6,7 @@ per step after the local backward passes is the same all-reduce DDP performs, on
 """
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -49,6 +50,14 @@ class Group:
         tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
         return t.item()
 
+    def same_everywhere(self, params: list[torch.Tensor]) -> bool:
+        """Whether every rank holds bitwise the same values (elementwise max == min over the ranks)."""
+        flat = torch.cat([p.detach().reshape(-1).double() for p in params])
+        hi, lo = flat.clone(), flat.clone()
+        tdist.all_reduce(hi, op=tdist.ReduceOp.MAX)
+        tdist.all_reduce(lo, op=tdist.ReduceOp.MIN)
+        return torch.equal(hi, lo)
+
     def close(self) -> None:
         if tdist.is_initialized():
             tdist.destroy_process_group()
@@ -59,9 +68,10 @@ def launched_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_group(device: str) -> Group | None:
+def init_group(device: str, timeout_min: float = 60.0) -> Group | None:
     """The process group of a torchrun launch (None for a single process): nccl for GPUs, one GPU per local
-    rank; gloo on CPUs. torchrun's environment (MASTER_ADDR, RANK, ...) says where the others are."""
+    rank; gloo on CPUs. torchrun's environment (MASTER_ADDR, RANK, ...) says where the others are. timeout_min:
+    how long ranks wait for rank 0 to build the drafter's start (feature cache, data) before giving up."""
     if launched_world() <= 1:
         return None
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -72,5 +82,5 @@ def init_group(device: str) -> Group | None:
     else:
         dev, backend = torch.device("cpu"), "gloo"
     if not tdist.is_initialized():
-        tdist.init_process_group(backend)
+        tdist.init_process_group(backend, timeout=datetime.timedelta(minutes=timeout_min))
     return Group(tdist.get_rank(), tdist.get_world_size(), local, dev)

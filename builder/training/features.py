@@ -80,12 +80,14 @@ def read_records(path: str, vocab_size: int | None = None, log=None) -> list[dic
 
 def build_feature_shards(target_dir: str, records: list[dict], layer_ids: list[int], out_dir: str,
                          seqs_per_shard: int = 64, max_len: int = 1024, full_only: bool = False,
-                         log=print) -> list[str]:
+                         log=print, target=None) -> list[str]:
     """Every record in exactly one shard: shards already written are kept (and skipped), the records none of them
     holds go to new shards numbered after them. Membership is read from each shard (its record ids, or for shards
     of older runs its token sequences), not from positions: data that grows out of id order (newest-first prompts,
     Magpie requests) would otherwise shift records between shards. full_only (data still growing): no partial last
-    shard, unless there is no shard yet."""
+    shard, unless there is no shard yet. target: the loaded target to run (on its device; default: loaded here,
+    float32 on the CPU). Features are stored in float16, or bfloat16 for a bfloat16 target (whose residual stream
+    can exceed float16's range)."""
     from ...config import TargetConfig
     from ...loader import ModelPaths, load_models
     from ...teacher import teacher_forward
@@ -101,19 +103,18 @@ def build_feature_shards(target_dir: str, records: list[dict], layer_ids: list[i
     todo = [r for r in records if r["id"] not in held]
     nxt = int(os.path.basename(paths[-1])[6:11]) + 1 if paths else 0
     tcfg = TargetConfig.from_dir(target_dir)
-    target = None
     for s in range(0, len(todo), seqs_per_shard):
         group = todo[s:s + seqs_per_shard]
         if full_only and len(group) < seqs_per_shard and paths:
             break
         if target is None:
             target, _ = load_models(ModelPaths(target_dir, None), tcfg, None, torch.float32, "cpu")
-            target.capture_ids = list(layer_ids)
+        target.capture_ids = list(layer_ids)
         seqs = [seq_of(r) for r in group]
         feats = []
         for i in range(0, len(seqs), 8):  # 8 sequences per pass bounds the scratch cache
             _, _, f = teacher_forward(target, seqs[i:i + 8], capture=True, logits=False)
-            feats.append(f.half())
+            feats.append((f if f.dtype == torch.bfloat16 else f.half()).cpu())
         lens = torch.tensor([len(q) for q in seqs])
         tensors = {"ids": torch.tensor([t for q in seqs for t in q], dtype=torch.int32),
                    "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)]),

@@ -67,16 +67,18 @@ def regenerate(records: list[dict], target_dir: str, out_path: str, backend: str
     todo = [r for r in todo if len(r["prompt_ids"]) + max_tokens <= max_seq_len]
     log(f"regenerate ({backend}): {len(have)} responses present, {len(todo)} to write -> {out_path}"
         + (f"; {len(long)} prompts longer than {max_seq_len - max_tokens} tokens skipped" if long else ""))
+    gen = None
+    if todo:  # the backend first: a missing one is refused before anything is written
+        gen = {"runtime": _runtime, "vllm": _vllm, "trtllm": _trtllm}[backend](target_dir, max_tokens, batch,
+                                                                               max_seq_len)
     meta = out_path + ".meta.json"
     if not os.path.isfile(meta):  # marks the file as generated: a torn last line is skipped, not an error
         with open(meta, "w") as f:
             json.dump({"made_by": f"dflash-train --regenerate {backend}", "target": os.path.abspath(target_dir),
                        "num_prompts": len(have) + len(todo), "max_tokens": max_tokens, "decoding": "greedy"}, f,
                       indent=1)
-    if not todo:
+    if gen is None:
         return
-    gen = {"runtime": _runtime, "vllm": _vllm, "trtllm": _trtllm}[backend](target_dir, max_tokens, batch,
-                                                                           max_seq_len)
     t0, tokens = time.time(), 0
     with open(out_path, "a") as f:
         for i in range(0, len(todo), batch):

@@ -122,8 +122,9 @@ def _chunk_rows(vocab: int, chunk: int | None) -> int:
 
 
 def _ce_chunk(h: torch.Tensor, head_w: torch.Tensor, labels: torch.Tensor, mult: float, grad: bool):
-    """(ce, argmax, d ce / d h or None) of one chunk of rows; logits in float32, never kept."""
-    logits = F.linear(h.to(head_w.dtype), head_w).float() * mult
+    """(ce, argmax, d ce / d h or None) of one chunk of rows; logits in float32 at least, never kept."""
+    logits = F.linear(h.to(head_w.dtype), head_w)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) * mult  # bf16 heads: float32 softmax
     valid = labels != -100
     lab = labels.clamp(min=0)
     lse = torch.logsumexp(logits, -1)
@@ -133,7 +134,7 @@ def _ce_chunk(h: torch.Tensor, head_w: torch.Tensor, labels: torch.Tensor, mult:
     if grad:  # softmax - onehot, through the head: the gradient of each row's ce with respect to its hidden row
         p = torch.softmax(logits, -1)
         p[torch.arange(p.shape[0], device=p.device), lab] -= 1.0
-        p *= valid[:, None] * mult
+        p.mul_(mult).mul_(valid[:, None])
         dh = (p.to(head_w.dtype) @ head_w).to(h.dtype)
     return ce, pred, dh
 
@@ -192,7 +193,8 @@ def plain_block_loss(hidden, labels, head_w, weights, output_multiplier: float =
     """block_loss with the whole [rows, vocab] logits tensor: the reference the chunked loss is tested against."""
     n, k, hdim = hidden.shape
     logits = F.linear(hidden.reshape(-1, hdim), head_w) * output_multiplier
-    ce = F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=-100, reduction="none").view(n, k)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    ce = F.cross_entropy(logits, labels.reshape(-1), ignore_index=-100, reduction="none").view(n, k)
     w = weights[None, :k] * (labels != -100).float()
     return (ce * w).sum() / w.sum().clamp(min=1e-6)
 
@@ -478,6 +480,10 @@ class Trainer:
                 self.bar.close()
         if signum:
             self.log(f"stopped by a signal at step {self.step}; --resume continues")
+        if self.dist is not None:  # the checkpoint rank 0 writes stands for every rank only if they agree
+            if not self.dist.same_everywhere(self.params):
+                raise RuntimeError(f"the drafter's weights differ between the {self.world} ranks at step {self.step}")
+            self.log(f"weights identical on all {self.world} ranks at step {self.step}")
         self.save(export)
         if self.rank == 0:
             with open(os.path.join(self.out, "history.json"), "w") as f:
