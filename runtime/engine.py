@@ -176,6 +176,9 @@ class LLMEngine:
         keep = self.policy.cut({i: len(d) for i, d in proposal.drafts.items()}, proposal.confidence)
         drafts = {i: d[:keep[i]] for i, d in proposal.drafts.items()}
         out = self.runner.run(work, drafts)
+        for sid, dist in (proposal.dists or {}).items():  # sampled drafts' distributions (DFlash2): rejection
+            if sid in out.verify:                          # sampling verifies them
+                out.verify[sid].draft_dist = dist
         committed = dict(zip(out.verify, self.verifier(list(out.verify.values()), out.logits)))
         self.runner.commit(work, out, committed)
         self.proposer.observe(work, out.target_pass, {

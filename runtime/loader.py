@@ -10,7 +10,7 @@ import torch
 from .checkpoint import load_state_dict, tensor_shapes
 from .config import DraftConfig, TargetConfig, validate_pair
 from .errors import CheckpointError
-from .models.draft import DFlashDrafter
+from .models.dflash2 import build_drafter
 from .models.registry import build_target
 from .quantized import is_quantized, load_quantized_state_dict
 
@@ -95,7 +95,7 @@ def load_models(paths: ModelPaths, tcfg: TargetConfig, dcfg: DraftConfig | None,
     target.rotary.to(device)
     drafter = None
     if dcfg is not None:
-        drafter = DFlashDrafter(dcfg, max_positions)
+        drafter = build_drafter(dcfg, max_positions)  # DFlash or DFlash2, as config.json's architecture says
         if dist is not None:
             from .tensor_parallel import read_draft_state, shard_drafter
 

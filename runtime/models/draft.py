@@ -38,6 +38,9 @@ class DraftAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
         self.window = window  # sliding_attention layers: causal within a window, as the reference does
+        # the reference's `is_causal` (None: sliding layers causal); DFlash2 drafters set it false: their sliding
+        # layers see the window on both sides
+        self.causal = window is not None
 
     def kv(self, x, cos, sin):
         t = x.shape[0]
@@ -56,11 +59,13 @@ class DraftAttention(nn.Module):
             keys = torch.cat([kc.index_select(0, s.ctx_slots).to(q.dtype), k_blk[rows]])
             vals = torch.cat([vc.index_select(0, s.ctx_slots).to(q.dtype), v_blk[rows]])
             mask = None
-            if self.window is not None:
+            if self.window is not None or self.causal:
                 ctx = s.ctx_slots.numel()
                 kpos = torch.cat([torch.arange(ctx, device=x.device), positions[rows]])
-                qpos = positions[rows][:, None]
-                mask = (kpos[None, :] <= qpos) & (qpos - kpos[None, :] < self.window)
+                ahead = kpos[None, :] - positions[rows][:, None]  # key position - query position
+                mask = ahead <= 0 if self.causal else torch.ones_like(ahead, dtype=torch.bool)
+                if self.window is not None:
+                    mask = mask & (-ahead < self.window) & (ahead < self.window)
             o = F.scaled_dot_product_attention(
                 q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None],
                 attn_mask=mask, scale=self.scale, enable_gqa=True)

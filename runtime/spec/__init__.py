@@ -5,6 +5,7 @@ target's verification turns proposals into committed tokens. The engine asks the
     interface.py  the Proposer contract and its capability queries
     policy.py     every draft-length decision: cap, schedule, adaptive cost model, gate, confidence cut
     dflash.py     the DFlash block drafter and its context cache queue
+    dflash2.py    DFlash2: the same block pass, then the drafter's candidate selector (sampled drafts carry q)
     ngram.py      prompt lookup: drafts copied from the request's own earlier tokens
     verify.py     one verification dispatch (torch / compiled ops / vocab-split under TP) and acceptance
 """
@@ -19,6 +20,11 @@ def make_proposer(cfg: SpecConfig, target, drafter, draft_caches, page_size: int
     from .interface import Proposer
 
     if cfg.method == "dflash":
+        from ..models.dflash2 import DFlash2Drafter
+
+        if isinstance(drafter, DFlash2Drafter):  # the drafter decides: a DFlash2 checkpoint drafts with its selector
+            from .dflash2 import DFlash2Proposer
+            return DFlash2Proposer(drafter, target, draft_caches, page_size, device, ops)
         from .dflash import DFlashProposer
         return DFlashProposer(drafter, target, draft_caches, page_size, device, ops)
     if cfg.method == "ngram":

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 class Proposal:
     drafts: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> draft tokens (<= its draft_len)
     confidence: dict[int, list[float]] | None = None  # seq_id -> the proposer's probability of each draft
+    # seq_id -> the distribution its drafts were sampled from (spec/verify.DraftDist), for a proposer that
+    # samples its drafts at T > 0 (DFlash2): verification then runs rejection sampling against it
+    dists: dict | None = None
 
 
 @dataclass
