@@ -34,7 +34,7 @@ def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16, vocab=None) -> N
     cfg["dflash_config"].update({"mask_token_id": drafter.cfg.mask_token_id,
                                  "target_layer_ids": list(drafter.cfg.target_layer_ids)})
     os.makedirs(out_dir, exist_ok=True)
-    tensors = {k: v.detach().to(dtype).contiguous() for k, v in drafter.state_dict().items()}
+    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in drafter.state_dict().items()}
     tmp = os.path.join(out_dir, "model.safetensors.tmp")
     save_file(tensors, tmp)
     os.replace(tmp, os.path.join(out_dir, "model.safetensors"))

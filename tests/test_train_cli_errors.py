@@ -14,10 +14,13 @@ def target(tmp_path_factory):
     return tiny.make_target(str(tmp_path_factory.mktemp("t") / "t"), layers=2, hidden=32, heads=2, kv_heads=1)
 
 
+def train_args(target, out, *extra):
+    return ["--target", target, "--output", str(out), "--block-size", "4", "--num-layers", "1", "--mask-token-id",
+            "3", "--max-steps", "1", "--threads", "1", "--eval-every", "1000", *extra]
+
+
 def train(target, out, *extra):
-    cmd = [sys.executable, "-m", "dflash_trt.builder.train_cli", "--target", target, "--output", str(out),
-           "--block-size", "4", "--num-layers", "1", "--mask-token-id", "3", "--max-steps", "1", "--threads", "1",
-           "--eval-every", "1000", *extra]
+    cmd = [sys.executable, "-m", "dflash_trt.builder.train_cli", *train_args(target, out, *extra)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
@@ -98,8 +101,13 @@ CHAT = json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "ass
     (CHAT, ["--regenerate", "vllm"], ["vLLM is not installed"]),
     (CHAT, ["--device", "cuda"], ["--device cuda", "no CUDA device"]),
 ])
-def test_bad_chat_data_is_one_line_and_leaves_nothing(target, tmp_path, line, extra, words):
+def test_bad_chat_data_is_one_line_and_leaves_nothing(target, tmp_path, capsys, line, extra, words):
+    from types import SimpleNamespace
+
+    from dflash_trt.builder.train_cli import main
+
     data, out = tmp_path / "d.jsonl", tmp_path / "run"
     data.write_text("\n".join([CHAT, line, CHAT]) + "\n")
-    one_line_error(train(target, out, "--data", str(data), *extra), *words)
+    rc = main(train_args(target, out, "--data", str(data), *extra))  # in-process: these fail before any training
+    one_line_error(SimpleNamespace(returncode=rc, stderr=capsys.readouterr().err), *words)
     assert not out.exists(), sorted(p.name for p in out.iterdir())
