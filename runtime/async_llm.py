@@ -33,6 +33,8 @@ class Stream:
     sent_tokens: int = 0
     seq: object = None
     holdback: int = 0  # characters kept back while they could still be the start of a stop string
+    accepts_seen: int = 0  # drafting steps already handed to the on_drafts observer
+    drafted_seen: int = 0
 
 
 @dataclass
@@ -46,8 +48,13 @@ class _Pending:
 
 
 class AsyncLLM:
-    def __init__(self, llm: LLM, *, heartbeat_s: float = 1.0, follower_timeout_s: float | None = None):
+    def __init__(self, llm: LLM, *, heartbeat_s: float = 1.0, follower_timeout_s: float | None = None,
+                 on_drafts=None):
+        """on_drafts(accepted, draft_tokens): called on the engine thread after each step that verified drafts
+        of a request, with the accepted count of each such step and the draft tokens they verified (the
+        server's vLLM-style speculation counters; every decoding step emits, so none is missed)."""
         self.llm = llm  # admission limits (429) are the server's job: this class never refuses a request
+        self._on_drafts = on_drafts
         self._lease_s = None  # under tensor parallelism: the followers' timeout, renewed by heartbeats
         if llm.engine.dist is not None:
             from .spmd import serve_lease_s
@@ -169,6 +176,9 @@ class AsyncLLM:
                 self._emit(o.seq, st)
 
     def _emit(self, seq, st: Stream) -> None:
+        if self._on_drafts is not None and len(seq.accept_hist) > st.accepts_seen:
+            self._on_drafts(seq.accept_hist[st.accepts_seen:], seq.drafted - st.drafted_seen)
+            st.accepts_seen, st.drafted_seen = len(seq.accept_hist), seq.drafted
         out: RequestOutput = self.llm.output(seq, st.prompt)
         text = out.text
         visible = len(text)

@@ -33,6 +33,24 @@ def safetensors_files(path: str, what: str) -> list[str]:
     return files
 
 
+def size_problem(file: str) -> str | None:
+    """What is wrong with a safetensors file's size against its own header (8-byte length, JSON, then the data
+    the header's largest offset ends), or None: a truncated or padded file, read without loading it."""
+    size = os.path.getsize(file)
+    try:
+        with open(file, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= size - 8:
+                return f"{size} bytes: too short for its header"
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"unreadable header ({e})"
+    want = 8 + n + end
+    return None if size == want else f"{size} bytes where its header says {want}"
+
+
 def iter_tensors(path: str, what: str) -> Iterator[tuple[str, "safe_open", str]]:
     """Yields (name, handle, file) so callers can read whole tensors or slices (tensor parallelism)."""
     for file in safetensors_files(path, what):

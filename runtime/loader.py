@@ -1,13 +1,17 @@
 """Loading a target + drafter pair (or an engine directory) into our model code, validated first."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
-from .checkpoint import load_state_dict, tensor_shapes
+from .checkpoint import load_state_dict, safetensors_files, size_problem, tensor_shapes
 from .config import DraftConfig, TargetConfig, validate_pair
 from .errors import CheckpointError
 from .models.dflash2 import build_drafter
@@ -20,6 +24,31 @@ class ModelPaths:
     target: str
     draft: str | None
     engine: dict | None = None  # engine.json of a dflash-build directory
+    engine_dir: str | None = None
+
+
+# -- stage lines ----------------------------------------------------------------------------------------------
+_stage_out = None  # where stage lines go (the CLIs: stderr); None: silent, as a library should be
+
+
+def report_stages(stream=sys.stderr) -> None:
+    """Print one line per loading stage (the CLIs call this: loading a large model is otherwise silent)."""
+    global _stage_out
+    _stage_out = stream
+
+
+def stage(message: str) -> None:
+    from .distributed import is_driver_process
+
+    if _stage_out is not None and is_driver_process():
+        print(f"dflash: {message}", file=_stage_out, flush=True)
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n < 10 << 30 else f"{n / (1 << 30):.1f} GiB"
+
+
+REBUILD = "rebuild it with dflash-build --force"
 
 
 def resolve_paths(model: str | None, target: str | None, draft: str | None) -> ModelPaths:
@@ -29,17 +58,83 @@ def resolve_paths(model: str | None, target: str | None, draft: str | None) -> M
             raise CheckpointError("give either an engine/model directory or --target, not both")
         spec = os.path.join(model, "engine.json")
         if os.path.isfile(spec):
-            with open(spec) as f:
-                eng = json.load(f)
+            eng = _engine_record(spec)
             d = os.path.join(model, "draft")
-            return ModelPaths(os.path.join(model, "target"), draft or (d if os.path.isdir(d) else None), eng)
+            return ModelPaths(os.path.join(model, "target"), draft or (d if os.path.isdir(d) else None), eng,
+                              engine_dir=model)
         target = model
     if target is None:
+        if draft is not None:
+            raise CheckpointError(f"--draft {draft} needs its target: pass --target DIR too (or an engine directory "
+                                  "from dflash-build)")
         raise CheckpointError("no model given: pass an engine directory, or --target DIR [--draft DIR]")
     for what, d in (("target", target), ("drafter", draft)):
         if d is not None and not os.path.isdir(d):
             raise CheckpointError(f"{what} directory not found: {d}")
     return ModelPaths(target, draft)
+
+
+def _engine_record(path: str) -> dict:
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is unreadable ({e}): the engine directory is corrupted, {REBUILD}") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("files", {}), dict):
+        raise CheckpointError(f"{path} is not an engine record (a JSON object with a 'files' table): the engine "
+                              f"directory is corrupted, {REBUILD}")
+    return rec
+
+
+# -- what is checked at load ------------------------------------------------------------------------------------
+VERIFY_MODES = ("sha256", "size", "none")
+
+
+def verify_files(paths: ModelPaths, mode: str = "sha256") -> None:
+    """Before any weight is loaded. "size": every safetensors file of the target and drafter against its own
+    header (truncated or padded files). "sha256" also, for an engine directory, every file under target/ and
+    draft/ against the sha256 engine.json recorded at build time, hashed in parallel (the reads warm the page
+    cache the load then reads from). A plain checkpoint directory records no hashes: sizes only. Not checked:
+    bytes changed after this check, in memory or on disk (`dflash-build --check` re-hashes on demand)."""
+    if mode not in VERIFY_MODES:
+        raise CheckpointError(f"verify_files must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
+    if mode == "none":
+        return
+    t0 = time.perf_counter()
+    skip = "pass --verify-files none (verify_files=\"none\") to skip this check on trusted storage"
+    root = paths.engine_dir
+    files = [f for what, d in (("target", paths.target), ("drafter", paths.draft)) if d is not None
+             for f in safetensors_files(d, what)]
+    for f in files:
+        why = size_problem(f)
+        if why is not None:
+            name = os.path.relpath(f, root) if root else f
+            fix = f"the engine directory is corrupted, {REBUILD}" if root else "copy or download it again"
+            raise CheckpointError(f"weights file {name} is damaged ({why}): {fix}; or {skip}")
+    listed = (paths.engine or {}).get("files") or {}
+    rels = sorted(r for r in listed if r.split("/")[0] in ("target", "draft")) if root and mode == "sha256" else []
+    missing = [r for r in rels if not os.path.isfile(os.path.join(root, r))]
+    if missing:
+        raise CheckpointError(f"engine file {missing[0]} is missing (listed in engine.json): the engine directory is "
+                              f"incomplete, {REBUILD}")
+    with ThreadPoolExecutor(max_workers=max(1, min(4, len(rels)))) as pool:
+        got = dict(zip(rels, pool.map(lambda r: _sha256(os.path.join(root, r)), rels)))
+    bad = [r for r in rels if got[r] != listed[r]]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise CheckpointError(f"engine file {bad[0]}{more} does not match the sha256 engine.json recorded at build "
+                              f"time: the engine directory is corrupted or was edited, {REBUILD}; or {skip}")
+    nbytes = sum(os.path.getsize(f) for f in files)
+    what = f"sha256 of {len(rels)} engine files" if rels else "sizes against their headers"
+    stage(f"checked {len(files)} weight files ({mib(nbytes)}): {what}, in {time.perf_counter() - t0:.1f} s")
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 23), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # engine.json's serving limits, applied by every entry point (LLM, dflash-generate, dflash-serve, dflash-bench)
@@ -57,6 +152,7 @@ def engine_settings(paths: ModelPaths, explicit: dict) -> dict:
 
 
 def load_configs(paths: ModelPaths, max_draft_len: int | None = None):
+    t0 = time.perf_counter()
     tcfg = TargetConfig.from_dir(paths.target)
     dcfg = None
     if paths.draft is not None:
@@ -66,6 +162,9 @@ def load_configs(paths: ModelPaths, max_draft_len: int | None = None):
         if fc_shape is None:
             raise CheckpointError(f"drafter {paths.draft} has no fc.weight: not a DFlash drafter checkpoint")
         validate_pair(tcfg, dcfg, fc_in_features=fc_shape[1], max_draft_len=max_draft_len)
+    stage(f"read the configs: target {tcfg.num_hidden_layers} layers, hidden {tcfg.hidden_size}, vocab "
+          f"{tcfg.vocab_size}" + (f"; drafter {dcfg.num_hidden_layers} layers, block {dcfg.block_size}" if dcfg else "")
+          + f" ({time.perf_counter() - t0:.2f} s)")
     return tcfg, dcfg
 
 
@@ -79,6 +178,7 @@ def load_models(paths: ModelPaths, tcfg: TargetConfig, dcfg: DraftConfig | None,
                 max_positions: int = 4096, dist=None):
     """Build the models, shard them across the ranks when `dist` is given (tensor_parallel.py: modules are
     split after they are built, the model code knows nothing of it), then read only this rank's weights."""
+    t0 = time.perf_counter()
     target = build_target(tcfg, max_positions)
     if dist is not None:
         from .tensor_parallel import read_target_state, shard_target
@@ -93,8 +193,10 @@ def load_models(paths: ModelPaths, tcfg: TargetConfig, dcfg: DraftConfig | None,
     target.load_weights(state, dtype)
     target.to(device).eval()
     target.rotary.to(device)
+    stage(f"loaded the target ({_param_bytes(target)}, {dtype}, {device}) in {time.perf_counter() - t0:.1f} s")
     drafter = None
     if dcfg is not None:
+        t0 = time.perf_counter()
         drafter = build_drafter(dcfg, max_positions)  # DFlash or DFlash2, as config.json's architecture says
         if dist is not None:
             from .tensor_parallel import read_draft_state, shard_drafter
@@ -107,7 +209,17 @@ def load_models(paths: ModelPaths, tcfg: TargetConfig, dcfg: DraftConfig | None,
         drafter.to(device).eval()
         drafter.rotary.to(device)
         target.capture_ids = list(dcfg.target_layer_ids)
+        stage(f"loaded the drafter ({_param_bytes(drafter)}) in {time.perf_counter() - t0:.1f} s")
     return target, drafter
+
+
+def _param_bytes(module) -> str:
+    seen, n = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            n += t.numel() * t.element_size()
+    return mib(n)
 
 
 def prepare_for_device(target, drafter, paths: ModelPaths, cfg, sharded: bool = False) -> tuple[int, bool]:

@@ -40,14 +40,15 @@ def validate_tp(tp: int, tcfg: TargetConfig, dcfg: DraftConfig | None) -> None:
         if target_class(tcfg.model_type) is not TargetModel:
             raise DFlashError(f"tensor parallelism supports dense Llama/Qwen3 targets, not {tcfg.model_type}: "
                               "run it with tp_size 1")
-    for what, cfg in (("target", tcfg), ("drafter", dcfg)):
-        if cfg is None:
-            continue
-        for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-            n = getattr(cfg, field)
-            if n % tp:
-                raise DFlashError(f"tp_size {tp} does not divide the {what}'s {field} {n}: "
-                                  f"use a tp_size that divides it (1, 2, 4 or 8)")
+    sizes = [(what, field, getattr(cfg, field)) for what, cfg in (("target", tcfg), ("drafter", dcfg))
+             if cfg is not None for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size")]
+    for what, field, n in sizes:
+        if n % tp:
+            ok = [t for t in TP_SIZES if all(m % t == 0 for _, _, m in sizes)]
+            raise DFlashError(f"tp_size {tp} does not divide the {what}'s {field} {n}: use tp_size "
+                              f"{' or '.join(map(str, ok))} (`mpirun -n {ok[-1]}`; of the supported sizes "
+                              f"{', '.join(map(str, TP_SIZES))}, the ones that divide every head count and "
+                              "intermediate size of the pair)")
 
 
 def resolve_tp_size(flag: int | None, engine_json: dict | None, world_size: int) -> tuple[int, str]:

@@ -142,8 +142,10 @@ def test_completion_equals_llm_generate(client, ref):
         assert r.usage.completion_tokens == len(want.token_ids)
         assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
         ext = r.model_extra["dflash"]
-        assert (ext["steps"], ext["accepted"]) == (want.steps, want.accepted)
-        assert ext["tau"] == pytest.approx(want.tau, abs=1e-3)
+        # every decoding step counts, drafted or not: each commits one token plus its accepted drafts
+        assert ext["steps"] + ext["accepted"] == want.steps + want.accepted == len(want.token_ids) - 1
+        # which steps draft follows step costs each engine measures at start: tau over the server's own drafts
+        assert ext["tau"] == (pytest.approx(1 + ext["accepted"] / ext["drafts"], abs=1e-3) if ext["drafts"] else None)
         assert r.model == NAME and r.object == "text_completion" and r.id.startswith("cmpl-")
 
 
@@ -297,21 +299,74 @@ def test_nonstreaming_disconnect_frees_blocks(server):
 # -- metrics --------------------------------------------------------------------------------------------------
 def test_metrics(server, client):
     before = scrape(server)
-    client.completions.create(model=NAME, prompt="metrics", max_tokens=25, temperature=0,
-                              extra_body={"ignore_eos": True})
+    r = client.completions.create(model=NAME, prompt="metrics", max_tokens=25, temperature=0,
+                                  extra_body={"ignore_eos": True})
     m = scrape(server)
     assert m["dflash_requests_total{finish_reason=length}"] == before.get(
         "dflash_requests_total{finish_reason=length}", 0) + 1
     assert m["dflash_generation_tokens_total"] >= before["dflash_generation_tokens_total"] + 25
     assert m["dflash_prompt_tokens_total"] == before["dflash_prompt_tokens_total"] + len("metrics")
     for hist in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
-                 "acceptance_length", "batch_size"):
+                 "batch_size"):
         assert m[f"dflash_{hist}_count"] > before[f"dflash_{hist}_count"], hist
-    assert m["dflash_acceptance_length_sum"] / m["dflash_acceptance_length_count"] >= 1.0
+    # tau is observed for requests that drafted (the adaptive policy may draft none on CPU): tau null otherwise
+    drafted = r.model_extra["dflash"]["drafts"] > 0
+    assert m["dflash_acceptance_length_count"] == before["dflash_acceptance_length_count"] + drafted
+    assert (r.model_extra["dflash"]["tau"] is None) == (not drafted)
+    if m["dflash_acceptance_length_count"]:
+        assert m["dflash_acceptance_length_sum"] / m["dflash_acceptance_length_count"] >= 1.0
     for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_ratio"):
         assert m[f"dflash_{gauge}"] == 0
     assert m["dflash_max_queue"] == 16  # default: 4 x max_batch_size
     assert m["dflash_kv_cache_blocks_total"] > 0 and m["process_resident_memory_bytes"] > 0
+
+
+def test_vllm_speculation_counters_and_per_request_stats(pair):
+    """vLLM's spec_decode counters move by exactly the per-request figures the responses carry; a request that
+    never drafted says tau null; the KV cache gauges are the bytes the engine's pools hold."""
+    from dflash_trt.server import create_app
+
+    llm = LLM(target=pair[0], draft=pair[1], max_batch_size=4, max_seq_len=256, draft_len_policy="fixed")
+    label = f"model_name={NAME}"
+
+    def spec(m):
+        pos = [m.get(f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},position={i}}}") for i in range(7)]
+        return [m[f"vllm:spec_decode_num_{k}_total{{{label}}}"] for k in ("drafts", "draft_tokens",
+                                                                           "accepted_tokens")], pos
+
+    with ThreadServer(create_app(llm, served_model_name=NAME)) as base:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        m = scrape(base)
+        before, pos0 = spec(m)
+        assert None not in pos0 and f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},position=7}}" \
+            not in m  # positions 0..K-1 (K = block_size - 1), as vLLM lists them
+        stats, lengths = [], (30, 40, 50)
+        for n, prompt in zip(lengths, ("count me", [11, 11, 11], [30, 31, 32, 33])):
+            r = c.completions.create(model=NAME, prompt=prompt, max_tokens=n, temperature=0,
+                                     extra_body={"ignore_eos": True})
+            stats.append(r.model_extra["dflash"])
+        m = scrape(base)
+        after, pos1 = spec(m)
+        one = c.completions.create(model=NAME, prompt="one", max_tokens=1, temperature=0).model_extra["dflash"]
+    drafts, drafted, accepted = (sum(s[k] for s in stats) for k in ("drafts", "drafted", "accepted"))
+    assert drafts > 0 and 0 < accepted < drafted
+    assert [a - b for a, b in zip(after, before)] == [drafts, drafted, accepted]
+    per_pos = [sum(s["accepted_per_position"][i] for s in stats if i < len(s["accepted_per_position"]))
+               for i in range(7)]
+    assert [a - b for a, b in zip(pos1, pos0)] == per_pos and sum(per_pos) == accepted
+    assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] < drafts  # some steps accepted nothing
+    for n, s in zip(lengths, stats):
+        assert s["tau"] == pytest.approx(1 + s["accepted"] / s["drafts"], abs=1e-3)
+        # fixed K drafts every step but one with a single token left (K <= tokens left - 1): that one counts too
+        assert s["drafts"] <= s["steps"] <= s["drafts"] + 1 and s["steps"] + s["accepted"] == n - 1
+    assert one == {"steps": 0, "drafts": 0, "drafted": 0, "accepted": 0, "accepted_per_position": [], "tau": None,
+                   "acceptance_rate": None}
+    eng = llm.engine
+    for model, caches in (("target", eng.runner.target_caches), ("drafter", eng.proposer.caches)):
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in caches)
+        assert m[f"dflash_kv_cache_bytes{{model={model}}}"] == nbytes > 0
+        assert m[f"dflash_kv_cache_bytes_per_token{{model={model}}}"] == nbytes // (eng.kv_plan.num_blocks *
+                                                                                    eng.kv_plan.page)
 
 
 # -- a full queue answers 429 (an in-process server from create_app) -------------------------------------------

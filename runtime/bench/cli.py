@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from ..cli.common import user_errors
+from ..cli.common import add_load_args, load_kwargs, user_errors
 from ..errors import DFlashError
 from . import datasets as D
 from .metrics import DEFINITIONS
@@ -75,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
                    "number of ranks mpirun started)")
     p.add_argument("--min-draft-confidence", type=float, help="cut drafts before the first the drafter doubts "
                    "(default: the engine's, 0.4 on CPU with the adaptive policy; 0 turns it off)")
+    add_load_args(p)
     return p
 
 
@@ -84,6 +85,7 @@ def model_spec(args, modes: list[str]) -> ModelSpec:
         kw["tp_size"] = args.tp_size
     if args.min_draft_confidence is not None:
         kw["min_draft_confidence"] = args.min_draft_confidence
+    kw.update(load_kwargs(args))
     if args.model or args.target:
         return ModelSpec(model=args.model, target=args.target, draft=args.draft, engine_kwargs=kw)
     if args.draft:
@@ -141,6 +143,9 @@ def main(argv=None) -> int:
     main_proc = is_main_process()
     say = (lambda *a, **k: print(*a, **k, file=sys.stderr, flush=True)) if main_proc else (lambda *a, **k: None)
 
+    from ..loader import report_stages
+
+    report_stages()
     spec = model_spec(args, modes)
     ds = D.load_dataset(args.dataset, args.category)
     chosen, cycled = D.select(ds.requests, args.num_requests)

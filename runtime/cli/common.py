@@ -1,6 +1,7 @@
 """Shared CLI plumbing: user errors become one line on stderr and exit code 2, never a traceback."""
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 
@@ -42,6 +43,43 @@ def add_engine_args(p, default_max_tokens: int = 256, tensor_parallel: bool = Fa
     if tensor_parallel:
         p.add_argument("--tp-size", type=int, help="tensor-parallel ranks (default: engine.json's tp_size, "
                        "else the MPI world size: `mpirun -n 2 dflash-generate ...`)")
+    add_load_args(p)
+
+
+def add_load_args(p) -> None:
+    """KV-cache size and load-time checks: dflash-generate, dflash-serve and dflash-bench."""
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-cache-bytes", type=byte_size, metavar="SIZE", help="KV cache bytes, target and drafter "
+                    "pools together (512M, 4G, 2GiB or a number; default: max-batch-size sequences of max-seq-len, "
+                    "at most 2 GiB and half the memory free at start less the weights)")
+    kv.add_argument("--kv-cache-fraction", type=float, metavar="F", help="give the KV cache this fraction (0..1] "
+                    "of the memory free at start, less the weights")
+    p.add_argument("--verify-files", choices=("sha256", "size", "none"), default="sha256", help="before loading: "
+                   "sha256 (default): an engine directory's target/ and draft/ files against engine.json, and "
+                   "every weights file's size against its header; size: the sizes only; none: nothing (trusted "
+                   "storage)")
+
+
+def byte_size(text: str) -> int:
+    """'4G', '512MiB', '1.5GB', '1073741824' -> bytes (powers of 1024: a cache is laid out in them)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        n = float(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: write e.g. 512M, 4G or 1073741824") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the size must be positive")
+    return int(n)
+
+
+def load_kwargs(args) -> dict:
+    kw = {"verify_files": args.verify_files}
+    if args.kv_cache_bytes is not None:
+        kw["kv_cache_bytes"] = args.kv_cache_bytes
+    if args.kv_cache_fraction is not None:
+        kw["kv_cache_fraction"] = args.kv_cache_fraction
+    return kw
 
 
 def engine_kwargs(args) -> dict:
@@ -58,9 +96,11 @@ def engine_kwargs(args) -> dict:
 
 def make_llm(args, **extra):
     from ..llm import LLM
+    from ..loader import report_stages
 
+    report_stages()
     return LLM(args.model, target=args.target, draft=args.draft, speculative=spec_method(args),
-               **engine_kwargs(args), **extra)
+               **engine_kwargs(args), **load_kwargs(args), **extra)
 
 
 def spec_method(args):

@@ -45,7 +45,8 @@ def main(argv=None) -> int:
         total_ar += t2 - t1
         same = "identical to AR" if o.token_ids == a.token_ids else "DIFFERS from AR"
         print(f"\n### {prompt}\n{o.text}\n")
-        print(f"[{len(o.token_ids)} tokens, tau {o.tau:.2f}, DFlash {len(o.token_ids) / (t1 - t0):.1f} tok/s, "
+        tau = "-" if o.tau is None else f"{o.tau:.2f}"  # None: nothing was drafted
+        print(f"[{len(o.token_ids)} tokens, tau {tau}, DFlash {len(o.token_ids) / (t1 - t0):.1f} tok/s, "
               f"AR {len(a.token_ids) / (t2 - t1):.1f} tok/s, speedup {(t2 - t1) / (t1 - t0):.2f}x, {same}]")
     print(f"\noverall speedup over autoregressive: {total_ar / total_spec:.2f}x")
     return 0

@@ -24,6 +24,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="one JSON object per request")
     p.add_argument("--trace", action="store_true", help="include per-step drafts and accepted lengths")
     args = p.parse_args(argv)
+    if not args.prompt and sys.stdin.isatty():
+        print("dflash-generate: reading prompts from stdin, one per line (end with Ctrl-D; or pass --prompt)",
+              file=sys.stderr, flush=True)
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         p.error("no prompt: pass --prompt TEXT or lines on stdin")
@@ -39,9 +42,9 @@ def main(argv=None) -> int:
             print(json.dumps(rec), flush=True)
         else:
             print(o.text)
-            if o.steps:
-                print(f"[steps {o.steps}, tau {o.tau:.2f}, acceptance rate {o.acceptance_rate:.2f}]",
-                      file=sys.stderr)
+            if o.num_drafts:
+                print(f"[steps {o.steps}, drafts {o.num_drafts}, tau {o.tau:.2f}, acceptance rate "
+                      f"{o.acceptance_rate:.2f}]", file=sys.stderr)
     return 0
 
 

@@ -4,6 +4,10 @@ A request's life: validate (400) -> tokenize and check lengths (400) -> admissio
 `AsyncLLM.submit` -> the response (one JSON body, or server-sent events), read straight from the request's one
 queue between the engine thread and the handler. While it waits, the handler polls `request.is_disconnected()`:
 a client that leaves has its request aborted, which frees its cache blocks on the engine's next iteration.
+
+Draining (`DFlashServer.drain`, on SIGTERM in dflash-serve): new requests get 503 with Retry-After and /health
+says "draining", running requests go on until they finish or the grace period ends; then each one left is cut:
+a stream gets a final error event and [DONE], a plain request a 503, and one line on stderr names it.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import contextlib
 import hmac
 import logging
 import os
+import sys
 import time
 import uuid
 
@@ -37,6 +42,10 @@ class ClientGone(Exception):
     """The HTTP client disconnected while its request was running."""
 
 
+class Cut(Exception):
+    """The server's drain deadline passed while the request was running."""
+
+
 class _Job:
     """One admitted request, read from its AsyncLLM stream by the handler; counted until it ends."""
 
@@ -57,11 +66,19 @@ class _Job:
         srv.unfinished -= 1
         srv.metrics.request_done(reason, self.n_prompt, self.last, self.arrival, self.first, time.perf_counter())
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "abort") -> None:
         """Abort (if still running): the engine frees the request's blocks on its next iteration."""
         if not self.ended:
             self.server.alm.abort(self.rid)
-            self._end("abort")
+            self._end(reason)
+
+    def cut(self) -> Cut:
+        n = len(self.last.token_ids) if self.last is not None else 0
+        self.cancel("shutdown")
+        self.server.cut.append(self.rid)
+        print(f"dflash-serve: cut {self.rid} at the drain deadline after {n} generated tokens", file=sys.stderr,
+              flush=True)
+        return Cut()
 
     async def next(self, request: Request):
         """The next RequestOutput, or _END; raises the engine's error, or ClientGone when the client left."""
@@ -71,6 +88,8 @@ class _Job:
         getter = asyncio.ensure_future(self.stream.queue.get())
         try:
             while True:  # outputs may come every few ms: check the client every `poll` seconds regardless
+                if self.server.cutting:
+                    raise self.cut()
                 now = time.monotonic()
                 if now - self.checked >= poll:
                     self.checked = now
@@ -120,17 +139,34 @@ class DFlashServer:
         if self.max_queue < 1:
             raise DFlashError(f"max_queue must be >= 1, got {self.max_queue}")
         self.poll_s = disconnect_poll_s
+        self.draining = False  # new requests get 503 (drain)
+        self.cutting = False  # the grace period is over: running requests are cut at their next poll
+        self.cut: list[str] = []  # request ids cut by a drain
         self.limits = P.Limits((self.model_name,), llm.config.max_seq_len, llm.engine.target_config.vocab_size)
         self.unfinished = 0  # admitted and not finished: touched on the event loop only
         self.created = int(time.time())
-        self.metrics = ServerMetrics(llm.engine, lambda: self.unfinished, self.max_queue)
+        self.metrics = ServerMetrics(llm.engine, lambda: self.unfinished, self.max_queue, self.model_name)
         self._alm: AsyncLLM | None = None
 
     @property
     def alm(self) -> AsyncLLM:
         if self._alm is None:
-            self._alm = AsyncLLM(self.llm)
+            self._alm = AsyncLLM(self.llm, on_drafts=self.metrics.drafts_done)
         return self._alm
+
+    async def drain(self, grace_s: float, done) -> None:
+        """Stop admitting, wait for the running requests up to `grace_s`, cut those left, then call done()."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self.unfinished and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.unfinished:
+            self.cutting = True
+            until = loop.time() + max(2.0, 10 * self.poll_s)  # each handler sees the flag at its next poll
+            while self.unfinished and loop.time() < until:
+                await asyncio.sleep(0.02)
+        done()
 
     def shutdown(self) -> None:
         if self._alm is not None:
@@ -167,6 +203,10 @@ class DFlashServer:
 
     async def handle(self, request: Request, kind: str):
         arrival = time.perf_counter()
+        if self.draining:
+            raise P.APIError("the server is shutting down: retry on another replica or after the restart",
+                             status=503, type="service_unavailable", code="shutting_down",
+                             headers={"Retry-After": "5"})
         req = P.parse_request(P.parse_json(await request.body()), kind, self.limits)
         prompt_ids = self._encode(req)
         params = P.finalize(req, prompt_ids, self.limits)
@@ -188,6 +228,10 @@ class DFlashServer:
                 final = out
         except ClientGone:
             return Response(status_code=499)  # nobody reads it; nginx's code for "client closed request"
+        except Cut:
+            raise P.APIError("the server shut down before the request finished: retry it", status=503,
+                             type="service_unavailable", code="shutting_down", headers={"Retry-After": "5"}) \
+                from None
         except DFlashError as e:
             raise P.APIError(str(e)) from None
         finally:
@@ -218,6 +262,10 @@ class DFlashServer:
                     out = await job.next(request)
                 except ClientGone:
                     return
+                except Cut:
+                    yield P.sse(P.error_body("the server shut down before the request finished: retry it",
+                                             "service_unavailable", code="shutting_down"))
+                    break
                 except Exception as e:  # the engine failed: say so in the stream, then end it
                     kind = "invalid_request_error" if isinstance(e, DFlashError) else "internal_error"
                     yield P.sse(P.error_body(str(e) or type(e).__name__, kind))
@@ -282,7 +330,8 @@ def create_app(llm, *, served_model_name: str | None = None, api_key: str | None
     @app.get("/health")
     async def health():
         alive = server._alm is not None and server._alm._thread.is_alive()
-        return JSONResponse({"status": "ok" if alive else "engine stopped"}, status_code=200 if alive else 503)
+        status = "draining" if server.draining else "ok" if alive else "engine stopped"
+        return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics():

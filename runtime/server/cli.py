@@ -11,10 +11,10 @@ import socket
 import sys
 
 from ..errors import DFlashError
-from ..cli.common import add_engine_args, spec_method, user_errors
+from ..cli.common import add_engine_args, load_kwargs, spec_method, user_errors
 
 ENV_HOST, ENV_PORT, ENV_KEY = "DFLASH_HOST", "DFLASH_PORT", "DFLASH_API_KEY"
-NATIVE_ONLY = ("dtype", "device", "no_spec", "spec", "api_key", "max_queue")
+NATIVE_ONLY = ("dtype", "device", "no_spec", "spec", "api_key", "max_queue", "kv_cache_bytes", "kv_cache_fraction")
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -39,6 +39,9 @@ def make_parser() -> argparse.ArgumentParser:
                    "trtllm-serve on ENGINE_DIR")
     p.add_argument("--tp-size", type=int, help="tensor-parallel size (native: default engine.json's tp_size, else "
                    "the ranks mpirun started: `mpirun -n 2 dflash-serve ...`; trtllm: default the engine's)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM/SIGINT: seconds running requests "
+                   "may take to finish while new ones get 503; those left are then cut (an error event and [DONE] "
+                   "end their streams) and the exit status is 1 (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--dry-run", action="store_true", help="trtllm: print the trtllm-serve command and exit")
     return p
@@ -107,6 +110,8 @@ def _native(args) -> int:
 
     if args.max_queue is not None and args.max_queue < 1:
         raise DFlashError(f"--max-queue {args.max_queue} must be a positive integer")
+    if not args.drain_timeout >= 0:
+        raise DFlashError(f"--drain-timeout {args.drain_timeout} must be a number of seconds >= 0")
 
     def rank0_checks():  # only rank 0 listens; its verdict is every rank's, before any model is loaded
         _check_port(args.host, args.port)
@@ -116,14 +121,18 @@ def _native(args) -> int:
     import uvicorn
 
     from ..llm import LLM
+    from ..loader import report_stages
     from .app import create_app
+    from .drain import DrainingServer
 
+    report_stages()
     llm = LLM(args.model, target=args.target, draft=args.draft, speculative=spec_method(args),
-              **_engine_defaults(args))
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again once done: to the handler
+              **_engine_defaults(args), **load_kwargs(args))
+    # the server drains on SIGINT/SIGTERM (drain.py), then raises the signal again once done: to the handler
     # found before it. Ours turns that into _Stopped, so the other ranks are released below and the exit is 0
-    # (by default SIGTERM would kill this process first, and mpirun would report a crash).
+    # unless requests were cut (by default SIGTERM would kill this process first, and mpirun would report a crash).
     handlers = {s: signal.signal(s, _stopped) for s in (signal.SIGINT, signal.SIGTERM)}
+    srv = None
     try:
         app = create_app(llm, served_model_name=args.served_model_name, api_key=args.api_key,
                          max_queue=args.max_queue)
@@ -133,13 +142,18 @@ def _native(args) -> int:
               f"{f', tensor parallel over {tp} ranks' if tp > 1 else ''}, max_batch_size {c.max_batch_size}, "
               f"max_seq_len {c.max_seq_len}, max_queue {srv.max_queue}{', API key required' if srv.api_key else ''})"
               f" on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+        DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                      timeout_graceful_shutdown=5), srv, args.drain_timeout).run()
     except _Stopped:
         pass
     finally:  # however the HTTP server ended (signal, failed bind, error): release the other ranks now
         for sig, h in handlers.items():
             signal.signal(sig, h)
         llm.engine.shutdown()
+    if srv is not None and srv.cut:
+        print(f"dflash-serve: {len(srv.cut)} request(s) cut at the drain deadline (--drain-timeout "
+              f"{args.drain_timeout:g}): exit status 1", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -4,14 +4,20 @@ Per request (recorded when it ends): requests by finish reason (stop, length, ab
 prompt / generation tokens, time to first token, time per output token, end-to-end latency, acceptance length
 tau. Per engine iteration (recorded by the engine thread): batch size, iteration time, drafted / accepted draft
 tokens. At scrape time: running / waiting / unfinished requests, KV cache blocks and usage, preemptions, and the
-process collector's resident memory.
+process collector's resident memory. Fixed at start: the KV cache's bytes and bytes per token, target and drafter.
+
+Speculation also under vLLM's names, with vLLM's meaning, which dashboards and AIPerf read:
+`vllm:spec_decode_num_drafts_total` (request steps that verified drafts), `..._num_draft_tokens_total`,
+`..._num_accepted_tokens_total` and `..._num_accepted_tokens_per_pos_total{position}` (0-based: steps whose
+draft at that position was accepted). Mean acceptance length = 1 + accepted / drafts.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine import EngineMetrics, IterationStats
+from ..memory import kv_pool_bytes
 
 P = "dflash_"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -23,7 +29,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024)
 
 
 class ServerMetrics:
-    def __init__(self, engine, unfinished, max_queue: int):
+    def __init__(self, engine, unfinished, max_queue: int, model_name: str = ""):
         self.registry = r = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -47,8 +53,36 @@ class ServerMetrics:
                                    registry=r)
         self.drafted = Counter(P + "draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter(P + "accepted_draft_tokens", "Draft tokens accepted", registry=r)
+        self._spec_counters(engine, model_name)
         r.register(_EngineCollector(engine, unfinished, max_queue))
         _observe_iterations(engine, self)
+
+    def _spec_counters(self, engine, model_name: str) -> None:
+        r, lab = self.registry, ["model_name"]
+        self.num_drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", lab,
+                                  registry=r).labels(model_name)
+        self.num_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lab,
+                                        registry=r).labels(model_name)
+        self.num_accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", lab,
+                                    registry=r).labels(model_name)
+        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                          lab + ["position"], registry=r)
+        self.per_pos = [per_pos.labels(model_name, str(i)) for i in range(engine.max_draft_len)]
+        kv = Gauge(P + "kv_cache_bytes", "Bytes of the KV cache pool (drafter: its context K/V)", ["model"],
+                   registry=r)
+        kv_tok = Gauge(P + "kv_cache_bytes_per_token", "KV cache bytes per cached token", ["model"], registry=r)
+        for model, b in kv_pool_bytes(engine).items():
+            kv.labels(model).set(b["bytes"])
+            kv_tok.labels(model).set(b["bytes_per_token"])
+
+    def drafts_done(self, accepted: list[int], draft_tokens: int) -> None:
+        """Steps of one request that verified drafts (AsyncLLM's on_drafts, on the engine thread)."""
+        self.num_drafts.inc(len(accepted))
+        self.num_draft_tokens.inc(draft_tokens)
+        self.num_accepted.inc(sum(accepted))
+        for a in accepted:
+            for c in self.per_pos[:a]:
+                c.inc()
 
     def request_done(self, reason: str, prompt_tokens: int, out, arrival: float, first: float | None,
                      end: float) -> None:
@@ -61,7 +95,7 @@ class ServerMetrics:
                 self.tpot.observe((end - first) / (n - 1))
         if reason in ("stop", "length"):
             self.e2e.observe(end - arrival)
-            if out is not None and out.steps:
+            if out is not None and out.tau is not None:
                 self.tau.observe(out.tau)
 
     def iteration_done(self, it: IterationStats) -> None:

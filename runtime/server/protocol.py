@@ -2,7 +2,8 @@
 
 Only what the engine can honour is accepted: one choice (`n` 1), no logprobs / echo / penalties / tools; fields
 it does not know are ignored, as OpenAI-compatible servers usually do. Extensions: `top_k`, `ignore_eos`,
-`stop_token_ids`, and a `dflash` object (steps, drafted, accepted, tau, acceptance_rate) in every response.
+`stop_token_ids`, and a `dflash` object (steps, drafts, drafted, accepted, accepted_per_position, tau, acceptance_rate;
+tau and acceptance_rate null when nothing was drafted) in every response.
 """
 from __future__ import annotations
 
@@ -291,8 +292,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def dflash_stats(out) -> dict:
-    return {"steps": out.steps, "drafted": out.drafted, "accepted": out.accepted, "tau": round(out.tau, 4),
-            "acceptance_rate": round(out.acceptance_rate, 4)}
+    """The request's speculative statistics. steps: every decoding step after the first token; drafts: the steps
+    that verified drafts; tau (tokens per drafting step) and acceptance_rate are null when nothing was drafted."""
+    def r(v):
+        return None if v is None else round(v, 4)
+    return {"steps": out.steps, "drafts": out.num_drafts, "drafted": out.drafted, "accepted": out.accepted,
+            "accepted_per_position": list(out.accepted_per_pos), "tau": r(out.tau),
+            "acceptance_rate": r(out.acceptance_rate)}
 
 
 def completion_response(rid: str, model: str, out, created: int | None = None) -> dict:
