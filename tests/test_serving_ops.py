@@ -156,3 +156,37 @@ def test_steps_count_every_decoding_step_even_when_eos_drops_accepted_drafts(pai
         assert o.tau == pytest.approx(1 + o.accepted / o.num_drafts)
         dropped += o.steps + o.accepted > len(o.token_ids) - 1  # accepted drafts past the stop token
     assert dropped  # the case that counting from the output's length alone gets wrong
+
+
+def test_streaming_soak_with_disconnects_equals_llm_generate(pair):
+    """benchmarks/serve_soak.py's check against a real server (uvicorn on 127.0.0.1, in this process): 12
+    concurrent streams with a shared system prompt, every 4th client leaving after 3 events; no errors, every
+    remaining stream ends with [DONE] and equals LLM.generate, the cache is back to idle."""
+    import importlib.util
+
+    import uvicorn
+
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.server import create_app
+
+    spec = importlib.util.spec_from_file_location("serve_soak", os.path.join(os.path.dirname(__file__), "..",
+                                                                             "benchmarks", "serve_soak.py"))
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    plist = soak.prompts(12)
+    llm = LLM(target=pair[0], draft=pair[1], max_batch_size=6, max_seq_len=256)
+    want = [o.text for o in llm.generate(plist, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))]
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(llm), host="127.0.0.1", port=port, log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    try:
+        end = time.monotonic() + 60
+        while not server.started:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        fig = soak.soak(f"http://127.0.0.1:{port}", plist, 24, want, disconnect_every=4)
+    finally:
+        server.should_exit = True
+        t.join(30)
+    assert (fig["completed"], fig["left"], fig["errors"]) == (9, 3, 0) and fig["outputs_equal_llm_generate"]
