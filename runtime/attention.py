@@ -87,18 +87,21 @@ def causal_mask(q_len: int, kv_len: int, device, window: int | None = None) -> t
 
 
 def paged_attention(q, k, v, k_cache, v_cache, batch: AttentionBatch, scale: float, window: int | None = None,
-                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    sinks: torch.Tensor | None = None, write: bool = True) -> torch.Tensor:
     """q: [T, H, D]; k, v: [T, KVH, D] new rows; caches: [num_blocks, block_size, KVH, D]. Causal.
 
     window: a sliding-window layer; a row at position p sees only keys at p - window + 1 .. p (HF semantics).
     sinks: [H] per-head logits of a virtual key with a zero value (gpt-oss): they join the softmax denominator.
+    write False: the new rows' K/V are already in the cache (a layer reading another layer's cache, Gemma 4's
+    shared KV); k and v are ignored.
     """
     if window is not None and batch.windowed is not None:  # this layer's cache is the window pool's
         batch = batch.windowed
     kvh, d = k_cache.shape[-2], k_cache.shape[-1]
     kc, vc = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
-    kc.index_copy_(0, batch.slot_mapping, k.to(kc.dtype))
-    vc.index_copy_(0, batch.slot_mapping, v.to(vc.dtype))
+    if write:
+        kc.index_copy_(0, batch.slot_mapping, k.to(kc.dtype))
+        vc.index_copy_(0, batch.slot_mapping, v.to(vc.dtype))
     kernel = ops.paged_attention_kernel()
     if kernel is not None and q.device.type == "cpu" and batch.kernel_args is not None:
         if window is None and sinks is None:

@@ -21,7 +21,9 @@ SUPPORTED_TARGETS = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                      # Qwen3.5 wrappers are served text-only
                      "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
                      "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
-                     "qwen3_next": "Qwen3NextForCausalLM"}
+                     "qwen3_next": "Qwen3NextForCausalLM",
+                     # Gemma 4: text models, and the multimodal wrapper served text-only (family_configs.gemma4)
+                     "gemma4_text": "Gemma4ForCausalLM", "gemma4": "Gemma4ForConditionalGeneration"}
 HYBRID_TARGETS = ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -187,6 +189,9 @@ class TargetConfig:
         if model_type == "kimi_k25":
             from .family_configs import kimi_k25
             return kimi_k25(hf)
+        if model_type in ("gemma4", "gemma4_text"):
+            from .family_configs import gemma4
+            return gemma4(hf)
         if model_type in HYBRID_TARGETS:
             return cls.from_hybrid(hf)
         return cls.from_hf(hf)

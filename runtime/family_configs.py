@@ -4,9 +4,10 @@ in one line."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from .errors import CheckpointError
-from .config import TargetConfig, MoeConfig, MlaConfig, RopeConfig
+from .config import LAYER_TYPES, TargetConfig, MoeConfig, MlaConfig, RopeConfig
 
 
 def _moe_counts(model_type: str, n_experts, top_k, inter) -> None:
@@ -183,3 +184,135 @@ def kimi_k25(hf) -> TargetConfig:
 
 FAMILIES = {"qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss, "gemma3_text": _gemma3_text, "deepseek_v3": _deepseek_v3,
              "minimax_m2": _minimax_m2}
+
+
+# ---- Gemma 4 --------------------------------------------------------------------------------------------------
+GEMMA4_ROPE_TYPES = ("default", "linear", "proportional")
+# the multimodal wrapper's checkpoints hold the language model here; vision / audio towers are never loaded
+GEMMA4_WRAPPER_PREFIX = "model.language_model."
+
+
+@dataclass
+class Gemma4Config(TargetConfig):
+    """A Gemma 4 text model (gemma4_text, or the text_config of a gemma4 multimodal wrapper served text-only).
+
+    Sliding and full layers differ in head_dim and kv heads (transformers' per_layer_config), so these are per
+    layer. Shared-KV layers (num_kv_shared_layers) have no cache of their own: they read the last earlier layer of
+    their type that does ("store"), so only `cached_layers` get a paged cache."""
+    layer_head_dims: list[int] = field(default_factory=list)
+    layer_kv_heads: list[int] = field(default_factory=list)
+    layer_intermediate: list[int] = field(default_factory=list)  # use_double_wide_mlp doubles the shared layers'
+    kv_source: list[int] = field(default_factory=list)  # per layer: the layer whose K/V it attends over
+    attention_k_eq_v: bool = False  # full layers: values are the keys' projection (no v_proj)
+    rope_partial: dict = field(default_factory=dict)  # layer type -> proportional RoPE's rotated fraction
+    ple_dim: int = 0  # hidden_size_per_layer_input (0: no per-layer input embeddings)
+    ple_vocab: int = 0
+    pad_token_id: int = 0
+    weight_prefix: str = "model."
+
+    @property
+    def cached_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.kv_source) if s == i]
+
+    def cache_layers(self, tp: int = 1) -> list[tuple[int, int, int]]:
+        return [(self.layer_kv_heads[i] // tp, self.layer_head_dims[i], self.layer_head_dims[i])
+                for i in self.cached_layers]
+
+
+def _gemma4_rope(model_type: str, rp: dict, kind: str, max_pos: int) -> tuple[RopeConfig, float]:
+    p = rp.get(kind)
+    if not isinstance(p, dict):
+        raise CheckpointError(f"{model_type} rope_parameters must hold a {kind} entry, got {sorted(rp)}")
+    rope_type = p.get("rope_type", "default")
+    if rope_type not in GEMMA4_ROPE_TYPES:
+        raise CheckpointError(f"unsupported {model_type} {kind} rope_type {rope_type!r}: use "
+                              f"{', '.join(GEMMA4_ROPE_TYPES)}")
+    # linear and default are proportional RoPE rotating every dim: one frequency rule for all three
+    partial = float(p.get("partial_rotary_factor", 1.0) if rope_type == "proportional" else 1.0)
+    factor = float(p.get("factor", 1.0) or 1.0) if rope_type != "default" else 1.0
+    if not 0 < partial <= 1:
+        raise CheckpointError(f"unsupported {model_type} {kind} partial_rotary_factor {partial}: must be in (0, 1]")
+    return RopeConfig(theta=float(p.get("rope_theta", 10000.0)), rope_type="proportional", factor=factor,
+                      original_max_position_embeddings=max_pos), partial
+
+
+def gemma4(hf) -> Gemma4Config:
+    """Gemma4ForCausalLM (gemma4_text) or Gemma4ForConditionalGeneration (gemma4: its text_config, the language
+    model's weights under model.language_model.; word-embedding tying and media placeholder ids from the
+    wrapper, whose image / video / audio ids transformers embeds as the pad token when no media comes with
+    them)."""
+    wrapper = getattr(hf, "text_config", None) is not None and hf.model_type == "gemma4"
+    t = hf.text_config if wrapper else hf
+    name = hf.model_type
+    method = _quant_method(hf) or _quant_method(t)
+    if method not in (None, "modelopt"):
+        raise CheckpointError(f"unsupported {name} quantization {method!r}: give a bf16 checkpoint or a "
+                              "dflash-build export")
+    if t.use_bidirectional_attention == "all":
+        raise CheckpointError(f"unsupported {name} use_bidirectional_attention 'all': only causal decoders can be "
+                              "speculated on")
+    act = getattr(t, "hidden_activation", None)
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise CheckpointError(f"unsupported {name} hidden_activation {act!r}: only gelu_pytorch_tanh")
+    n = t.num_hidden_layers
+    try:
+        modes = list(t.kv_sharing_modes)
+        per = [t.per_layer_config[i] for i in range(n)]
+    except (ValueError, KeyError, IndexError) as e:  # transformers' own check of the sharing layout
+        raise CheckpointError(f"unsupported {name} num_kv_shared_layers {t.num_kv_shared_layers}: {e}") from None
+    types = list(t.layer_types)
+    if len(types) != n or any(x not in LAYER_TYPES for x in types):
+        raise CheckpointError(f"{name}: layer_types must list {n} entries among {', '.join(LAYER_TYPES)}, "
+                              f"got {types}")
+    # a reusing layer attends over the K/V of the last earlier layer of its type that stores them
+    source = list(range(n))
+    for i, m in enumerate(modes):
+        if m == "reuse":
+            source[i] = max(j for j in range(i) if modes[j] == "store" and types[j] == types[i])
+    heads = t.num_attention_heads
+    head_dims = [int(p.head_dim) for p in per]
+    kv_heads = [int(p.num_key_value_heads) for p in per]
+    bad = [i for i in range(n) if kv_heads[i] < 1 or heads % kv_heads[i] or head_dims[i] % 2]
+    if bad:
+        i = bad[0]
+        raise CheckpointError(f"unsupported {name} attention layout in layer {i}: {heads} heads over {kv_heads[i]} "
+                              f"kv heads, head_dim {head_dims[i]} (need a divisor and an even head_dim)")
+    max_pos = t.max_position_embeddings
+    rp = t.rope_parameters or {}
+    rope, partial_full = _gemma4_rope(name, rp, "full_attention", max_pos)
+    rope_local, partial_local = _gemma4_rope(name, rp, "sliding_attention", max_pos) \
+        if "sliding_attention" in types else (rope, partial_full)
+    inter = [t.intermediate_size * (2 if t.use_double_wide_mlp and modes[i] == "reuse" else 1) for i in range(n)]
+    moe = None
+    if t.enable_moe_block:
+        _moe_counts(name, t.num_experts, t.top_k_experts, t.moe_intermediate_size)
+        moe = MoeConfig(num_experts=t.num_experts, top_k=t.top_k_experts, intermediate_size=t.moe_intermediate_size,
+                        router="gemma4", norm_topk_prob=True)
+    ple = int(t.hidden_size_per_layer_input or 0)
+    if ple and t.vocab_size_per_layer_input < t.vocab_size:
+        raise CheckpointError(f"unsupported {name} vocab_size_per_layer_input {t.vocab_size_per_layer_input} < "
+                              f"vocab_size {t.vocab_size}: every token needs a per-layer input embedding")
+    eos = t.eos_token_id if t.eos_token_id is not None else getattr(hf, "eos_token_id", None)
+    eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    dtype = getattr(t, "dtype", None) or getattr(hf, "dtype", None) or "bfloat16"
+    cap = t.final_logit_softcapping
+    media = [getattr(hf, k, None) for k in ("image_token_id", "video_token_id", "audio_token_id")] if wrapper else []
+    cfg = Gemma4Config(
+        model_type=name, vocab_size=t.vocab_size, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+        # per layer in layer_head_dims / layer_kv_heads (transformers refuses the global attributes): layer 0's here
+        num_hidden_layers=n, num_attention_heads=heads, num_key_value_heads=kv_heads[0],
+        head_dim=head_dims[0], rms_norm_eps=t.rms_norm_eps, rope=rope, max_position_embeddings=max_pos,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", True)), qk_norm=True,
+        attention_bias=bool(t.attention_bias), bos_token_id=t.bos_token_id, eos_token_ids=eos,
+        torch_dtype=str(dtype).replace("torch.", ""), hidden_act=act, layer_types=types,
+        sliding_window=t.sliding_window, moe=moe, rope_local=rope_local, attn_scale=1.0,
+        embed_scale=t.hidden_size ** 0.5, final_logit_softcapping=float(cap) if cap else None,
+        media_token_ids=[int(m) for m in media if m is not None],
+        layer_head_dims=head_dims, layer_kv_heads=kv_heads, layer_intermediate=inter, kv_source=source,
+        attention_k_eq_v=bool(t.attention_k_eq_v),
+        rope_partial={"full_attention": partial_full, "sliding_attention": partial_local}, ple_dim=ple,
+        ple_vocab=int(t.vocab_size_per_layer_input or 0) if ple else 0,
+        pad_token_id=int(t.pad_token_id if t.pad_token_id is not None else 0),
+        weight_prefix=GEMMA4_WRAPPER_PREFIX if wrapper else "model.")
+    cfg._check_layer_types()
+    return cfg

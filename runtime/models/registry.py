@@ -23,6 +23,9 @@ def target_class(model_type: str):
     if model_type == "deepseek_v3":
         from .deepseek_v3 import DeepseekV3Model
         return DeepseekV3Model
+    if model_type in ("gemma4", "gemma4_text"):
+        from .gemma4 import Gemma4Model
+        return Gemma4Model
     if model_type == "kimi_k25":
         from .deepseek_v3 import KimiK25Model
         return KimiK25Model
