@@ -315,7 +315,8 @@ def _train(args, group) -> int:
         tokens = sum(min(len(r["prompt_ids"]) + len(r["output_ids"]), args.max_seq_len) for r in records)
         mode, why = choose_mode(args.features, tcfg.hidden_size, len(dcfg.target_layer_ids), tokens,
                                 args.feature_cache_limit)
-        if args.resume and mode == "online" and args.features == "auto" and os.path.isdir(os.path.join(out, "features")):
+        fdir = os.path.join(out, "features")
+        if args.resume and mode == "online" and args.features == "auto" and os.path.isdir(fdir):
             mode, why = "cache", "offline cache (this run's own, in OUTPUT/features)"
         log(f"features: {why}")
         target, _ = load_models(ModelPaths(target_dir, None), tcfg, None, dtype, device)
@@ -324,7 +325,6 @@ def _train(args, group) -> int:
         drafter.load_weights(load_state_dict(init_dir, "drafter"), torch.float32)
 
         if mode == "cache":
-            fdir = os.path.join(out, "features")
             if rank0:
                 # data still growing: only full shards, so a later resume adds shards without redoing any
                 build_feature_shards(target_dir, records, dcfg.target_layer_ids, fdir, seqs_per_shard=64,

@@ -293,7 +293,8 @@ def evaluate_counts(drafter, embed_w, head_w, seqs: list[dict], max_draft_len: i
                                      drafter.cfg.output_multiplier)
             loss_sum = lv.item() * anchors.numel()
         if vocab is not None:
-            pred = vocab[(h.to(vocab_head.dtype) @ vocab_head.T).argmax(-1)]  # output_multiplier > 0 cannot move an argmax
+            # output_multiplier > 0 cannot move an argmax
+            pred = vocab[(h.to(vocab_head.dtype) @ vocab_head.T).argmax(-1)]
             correct = (pred == labels) & (labels != -100)
         runs = accepted_lengths(correct, max_draft_len)
         c = {"anchors": anchors.numel(), "accepted": runs.float().sum().item(), "loss_sum": loss_sum,
