@@ -33,6 +33,23 @@ def test_chunked_cross_entropy_is_the_plain_one_in_value_and_gradient():
         assert torch.allclose(block_loss(hidden, labels, head, w, 0.7, chunk=4)[0], ref)
 
 
+def test_chunked_cross_entropy_over_a_bf16_head_keeps_float32_rows_and_gradients():
+    """The GPU layout: a bf16 head, float32 drafter rows; logits and softmax in float32, the gradient back in the
+    rows' dtype."""
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    head = (torch.randn(300, 32, generator=g) * 0.5).bfloat16()
+    labels = torch.randint(0, 300, (2, 7), generator=g)
+    w = position_weights(8)
+    loss, _ = block_loss(hidden, labels, head, w, chunk=5)
+    (grad,) = torch.autograd.grad(loss, hidden)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.float32
+    ref = plain_block_loss(hidden.bfloat16().float(), labels, head.float(), w)
+    assert abs(loss.item() - ref.item()) < 1e-2 * ref.item()
+    (g_ref,) = torch.autograd.grad(plain_block_loss(hidden, labels, head.float(), w), hidden)
+    assert torch.allclose(grad, g_ref, atol=2e-2 * g_ref.abs().max().item())
+
+
 def _pair(tmp_path):
     from dflash_trt import LLM, SamplingParams
     t = tiny.make_target(str(tmp_path / "t"), layers=3, hidden=32, heads=2, kv_heads=1)
