@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -197,6 +198,10 @@ def test_greedy_equals_ar_at_every_acceptance_length(pair):
         assert [o.token_ids for o in outs] == ar, f"K={k}"
         accepted += sum(o.accepted for o in outs)
     assert accepted > 0
+    # the convolution stays inside each request's block: a request's drafts are the same alone as in the batch
+    traced = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True)
+    together = traced.generate(ps, sp)
+    assert traced.generate([ps[2]], sp)[0].trace == together[2].trace
     # the selector runs every step, then its drafts are replaced by the target's continuation cut at a chosen
     # place, so every acceptance length 0..K occurs through the DFlash2 engine
     k = 7
@@ -311,3 +316,23 @@ def test_sampling_distribution_is_the_targets(pair):
     ok, msg = chi_square_ok(counts, exact, n)
     assert ok, msg
     assert llm.generate([prompt], sps[7])[0].token_ids == outs[7].token_ids
+
+
+def test_mixed_batch_verifies_each_item_over_its_own_rows():
+    """Sampled DFlash2 items (rejection sampling) and ordinary items in one verification: each item's tokens are
+    what it gets verified alone."""
+    from dflash_trt.spec import verify
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(10, 12, generator=g) * 2
+    dist = verify.DraftDist(torch.tensor([[3, 4, 5], [6, 7, 8]]), torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]],
+                                                                                dtype=torch.float64))
+    items = [verify.VerifyItem(SamplingParams(temperature=0.7, seed=3), [4, 8], 0, 20, dist),
+             verify.VerifyItem(SamplingParams(temperature=0.7, seed=4), [2, 5], 3, 30),
+             verify.VerifyItem(SamplingParams(), [int(logits[6].argmax()), 1, 2], 6, 10)]
+    together = verify.Verifier()(items, logits)
+    for it, toks in zip(items, together):
+        n = len(it.drafts) + 1
+        alone = verify.Verifier()([replace(it, offset=0)], logits[it.offset:it.offset + n])[0]
+        assert toks == alone
+    assert together[2][0] == int(logits[6].argmax())

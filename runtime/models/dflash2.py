@@ -73,8 +73,8 @@ class DFlash2Settings:
                                   "(dflash_config): a DFlash2 drafter needs its convolution and selector sizes")
         out = cls(int(pick("conv_kernel_size")), int(pick("conv_group_size")), int(pick("selector_rank")),
                   int(pick("selector_top_k", DEFAULT_TOP_K)),
-                  None if raw.get("is_causal", nested.get("is_causal")) is None
-                  else bool(raw.get("is_causal", nested.get("is_causal"))))
+                  # a top-level field only: the reference reads it from the config object, not dflash_config
+                  None if raw.get("is_causal") is None else bool(raw["is_causal"]))
         if out.conv_kernel_size < 1 or out.conv_group_size < 1 or dcfg.hidden_size % out.conv_group_size:
             raise CheckpointError(f"{where}/config.json: conv_kernel_size {out.conv_kernel_size} must be >= 1 and "
                                   f"conv_group_size {out.conv_group_size} must divide hidden_size {dcfg.hidden_size}")

@@ -21,7 +21,7 @@ One dispatch, three back ends that must agree token for token (tests/test_spec_v
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -85,8 +85,15 @@ class Verifier:
         if rejection:
             rest = [i for i in range(len(items)) if i not in set(rejection)]
             out = [None] * len(items)
-            for i, toks in zip(rest, self([items[i] for i in rest], logits) if rest else []):
-                out[i] = toks
+            if rest:  # the other items verify as usual, over their own rows (the back ends read rows in order)
+                sub, rows, at = [], [], 0
+                for i in rest:
+                    n = len(items[i].drafts) + 1
+                    sub.append(replace(items[i], offset=at))
+                    rows += range(items[i].offset, items[i].offset + n)
+                    at += n
+                for i, toks in zip(rest, self(sub, logits.index_select(0, torch.tensor(rows, device=logits.device)))):
+                    out[i] = toks
             # every rejection-sampled row's acceptance and token draws in two Philox calls
             seeds = torch.tensor([items[i].params.seed for i in rejection for _ in range(len(items[i].drafts) + 1)])
             pos = torch.tensor([items[i].start + 1 + j for i in rejection for j in range(len(items[i].drafts) + 1)])
