@@ -17,11 +17,11 @@ OUTPUT=${OUTPUT:-/shared/runs/qwen3-8b-dflash}
 
 HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 RESUME=()
-# a requeued job (preempted, or past --time) continues its own run
+# a requeued job (preempted), or the same script submitted again after the time limit, continues its own run
 if [ -f "$OUTPUT/checkpoint/trainer_state.pt" ]; then RESUME=(--resume); fi
 
 # --signal=TERM@120 gives the job's steps SIGTERM two minutes before the limit: torchrun passes it to every rank,
-# they agree on the step to stop at, rank 0 saves, and the requeued job resumes from that step.
+# they agree on the step to stop at, rank 0 saves, and the next job resumes from that step.
 srun --kill-on-bad-exit=1 torchrun \
     --nnodes "$SLURM_NNODES" --nproc_per_node 8 \
     --rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint "$HEAD:29500" \
