@@ -75,7 +75,9 @@ class LLMEngine:
             page=cfg.page_size, max_seq_len=cfg.max_seq_len, max_batch_size=cfg.max_batch_size,
             max_num_tokens=cfg.max_num_tokens, dtype=cfg.torch_dtype, budget=cfg.kv_cache_bytes,
             window_cache=cfg.window_cache, state_bytes_per_request=state_bytes)
-        self.blocks, t_caches, d_caches = allocate_pools(self.kv_plan, cfg.torch_dtype, cfg.device)
+        self.prefix_caching = self._prefix_caching(state_bytes)
+        self.blocks, t_caches, d_caches = allocate_pools(self.kv_plan, cfg.torch_dtype, cfg.device,
+                                                         self.prefix_caching)
         self.proposer = make_proposer(spec, self.target, self.drafter, d_caches, cfg.page_size, cfg.device, self.ops)
         self.max_draft_len = self.proposer.max_draft_len(spec.max_draft_len)
         # a hybrid target's linear-attention states: one slot per running request (kv_cache.CacheBlocks hands
@@ -100,6 +102,15 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         self.sequences: dict[str, Sequence] = {}
         self.weight_bytes = tensor_parallel.weight_bytes(self.target, self.drafter)
+
+    def _prefix_caching(self, state_bytes: int) -> bool:
+        why = ("its linear-attention layers keep a per-request state that no cache block holds" if state_bytes
+               else "its sliding-window layers' pool frees blocks as they leave the window"
+               if self.kv_plan.windowed else None)
+        if self.cfg.enable_prefix_caching and why:
+            raise DFlashError(f"prefix caching is not supported for this {self.target_config.model_type} target: "
+                              f"{why}; turn it off (--no-prefix-caching)")
+        return why is None if self.cfg.enable_prefix_caching is None else bool(self.cfg.enable_prefix_caching)
 
     def _measured_costs(self, confidence: bool) -> dict | None:
         """The adaptive policy's cost model, measured here and now (spec/calibrate.py) unless given."""
@@ -196,4 +207,5 @@ class LLMEngine:
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "cache_blocks_total": b.num_blocks, "cache_blocks_free": b.num_free,
                 "cache_usage": 1 - b.num_free / b.num_blocks, "preemptions": self.scheduler.num_preemptions,
+                "prefix_cache_queries": b.main.queried_tokens, "prefix_cache_hits": b.main.hit_tokens,
                 "iterations": len(self.metrics.iterations)}

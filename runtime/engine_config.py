@@ -39,6 +39,9 @@ class EngineConfig:
     fp8_compute: bool | None = None
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True
+    # share the cache blocks of common prompt prefixes between requests (kv_cache.BlockManager); None: on where
+    # the target allows it (not with a sliding-window pool or linear-attention state, which no block holds)
+    enable_prefix_caching: bool | None = None
     # linear-attention hybrids: what a verify pass keeps to roll each request's state back to its accepted prefix
     # (models/gated_deltanet.py LinearBatch): "states" (the state after every row), "inputs" (each row's recurrence
     # inputs, replayed at commit), or "auto": states when their scratch is small beside the KV cache

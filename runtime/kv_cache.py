@@ -10,6 +10,9 @@ their fixed-size state pool (models/gated_deltanet.py LinearStatePool), taken an
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -18,30 +21,96 @@ from .errors import DFlashError
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    """The main pool. With prefix caching, a full block whose rows are all written (target KV and drafter
+    context) is published under a digest of its tokens and every token before them; blocks are reference
+    counted, so requests with a common prefix share them, and a released published block stays readable in an
+    LRU until its space is needed. A digest names the whole prefix (blake2b over the parent's digest and the
+    block's token ids), so one lookup per block finds the longest cached prefix."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.prefix_caching = prefix_caching
+        self.ref = [0] * num_blocks
+        self.digest_of: dict[int, bytes] = {}  # published block -> its digest
+        self.by_digest: dict[bytes, int] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()  # published blocks no request holds, oldest first
+        self.queried_tokens = self.hit_tokens = 0  # prefix-cache lookups (vLLM's prefix_cache_queries / hits)
 
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        return len(self.free) + len(self.lru)
+
+    def _take(self) -> int:
+        if self.free:
+            b = self.free.pop()
+        else:  # the least recently used published block gives its space up
+            b, _ = self.lru.popitem(last=False)
+            del self.by_digest[self.digest_of.pop(b)]
+        self.ref[b] = 1
+        return b
+
+    @staticmethod
+    def digest(parent: bytes, tokens) -> bytes:
+        h = hashlib.blake2b(parent, digest_size=16)
+        h.update(array("q", tokens).tobytes())
+        return h.digest()
+
+    def match(self, tokens: list[int], max_blocks: int, digests: list[bytes]) -> list[int]:
+        """The cached blocks of the longest published prefix of `tokens` (at most max_blocks), now held by the
+        caller; `digests` receives their digests (the request's chain, continued by publish)."""
+        page, table = self.block_size, []
+        self.queried_tokens += max_blocks * page
+        parent = b""
+        for i in range(max_blocks):
+            d = self.digest(parent, tokens[i * page:(i + 1) * page])
+            b = self.by_digest.get(d)
+            if b is None:
+                break
+            if self.ref[b] == 0:
+                del self.lru[b]
+            self.ref[b] += 1
+            table.append(b)
+            digests.append(d)
+            parent = d
+        self.hit_tokens += len(table) * page
+        return table
+
+    def publish(self, table: list[int], tokens: list[int], upto: int, digests: list[bytes]) -> None:
+        """Publish the request's full blocks below position `upto` (rows written for every cache) that are not
+        yet: `digests` holds the chain of those already published, in table order."""
+        page = self.block_size
+        for i in range(len(digests), min(upto // page, len(table))):
+            d = self.digest(digests[-1] if digests else b"", tokens[i * page:(i + 1) * page])
+            digests.append(d)
+            b = table[i]
+            if d not in self.by_digest and b not in self.digest_of:  # the same prefix computed twice: keep one
+                self.by_digest[d] = b
+                self.digest_of[b] = d
 
     def blocks_needed(self, table: list[int], num_tokens: int) -> int:
         return max(0, -(-num_tokens // self.block_size) - len(table))
 
     def can_grow(self, table: list[int], num_tokens: int) -> bool:
-        return self.blocks_needed(table, num_tokens) <= len(self.free)
+        return self.blocks_needed(table, num_tokens) <= self.num_free
 
     def grow(self, table: list[int], num_tokens: int) -> None:
         """Extend `table` in place to cover positions 0..num_tokens-1."""
         n = self.blocks_needed(table, num_tokens)
-        if n > len(self.free):
+        if n > self.num_free:
             raise MemoryError("KV cache exhausted")
         for _ in range(n):
-            table.append(self.free.pop())
+            table.append(self._take())
 
     def release(self, table: list[int]) -> None:
-        self.free.extend(reversed(table))
+        for b in reversed(table):
+            self.ref[b] -= 1
+            if self.ref[b]:
+                continue  # another request still reads it
+            if b in self.digest_of:
+                self.lru[b] = None
+            else:
+                self.free.append(b)
         table.clear()
 
 
@@ -109,7 +178,27 @@ class CacheBlocks:
         if self.window is not None:
             self.window.trim(seq.window_table, seq.num_computed)
 
+    @property
+    def prefix_caching(self) -> bool:
+        return self.main.prefix_caching
+
+    def cached_prefix(self, seq) -> int:
+        """A request about to compute from position 0: take the blocks of its longest cached prefix into its
+        table; returns the positions they cover. The last prompt row is always computed (its logits choose the
+        first token), so a hit stops a block short of covering it."""
+        if not self.prefix_caching or seq.block_table:
+            return 0
+        seq.block_table = self.main.match(seq.token_ids, (seq.prefill_target - 1) // self.block_size,
+                                          seq.block_digests)
+        return len(seq.block_table) * self.block_size
+
+    def publish(self, seq, upto: int) -> None:
+        """Positions 0..upto-1 of the request hold final rows in every cache: share its full blocks among them."""
+        if self.prefix_caching:  # rows past the last committed token (cut by a stop) hold no token of it
+            self.main.publish(seq.block_table, seq.token_ids, min(upto, len(seq.token_ids)), seq.block_digests)
+
     def release(self, seq) -> None:
+        seq.block_digests.clear()
         self.main.release(seq.block_table)
         if self.window is not None:
             self.window.release(seq.window_table)
@@ -190,10 +279,10 @@ def plan_kv_pools(target_layers: list[tuple[int, ...]], draft_layers: list[tuple
                   per_block, w_bytes, max_batch_size if s_bytes else 0, s_bytes)
 
 
-def allocate_pools(plan: KVPlan, dtype, device):
+def allocate_pools(plan: KVPlan, dtype, device, prefix_caching: bool = False):
     """The block managers and the caches: (CacheBlocks, target caches per layer, drafter caches per layer)."""
     page, windowed = plan.page, plan.windowed
-    blocks = CacheBlocks(BlockManager(plan.num_blocks, page),
+    blocks = CacheBlocks(BlockManager(plan.num_blocks, page, prefix_caching),
                          WindowBlockManager(plan.window_blocks, page, plan.window) if windowed else None,
                          plan.state_slots)
     main = iter(allocate_caches(plan.num_blocks, page, [t for i, t in enumerate(plan.target_layers)

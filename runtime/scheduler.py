@@ -57,9 +57,11 @@ class Scheduler:
 
     # -- freeing ------------------------------------------------------------------------------------
     def _free(self, seq: Sequence) -> None:
-        self.blocks.release(seq)
         if self.proposer is not None:
-            self.proposer.release(seq)
+            # with prefix caching the request's blocks outlive it: the proposer first writes what it owes them
+            self.proposer.release(seq, keep_cache=self.blocks.prefix_caching)
+        self.blocks.publish(seq, seq.num_computed)
+        self.blocks.release(seq)
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         """The one finish path: EOS, stop ids, stop strings, length and abort all end here."""
@@ -116,14 +118,18 @@ class Scheduler:
             admitting = seq.status == Status.WAITING
             if admitting and len(self.running) >= self.cfg.max_batch_size:
                 break
+            if admitting and seq.num_computed == 0:
+                seq.num_computed = self.blocks.cached_prefix(seq)  # rows another request already computed
             n = seq.prefill_target - seq.num_computed
             # without chunked prefill a prompt waits for a whole budget; a preempted request's recompute (prompt
             # and output) may exceed any budget, so it is always chunked
             if n > budget and not self.cfg.enable_chunked_prefill and not seq.num_preemptions:
+                self._unadmit(seq, admitting)
                 break
             n = min(n, budget)
             self.blocks.trim(seq)
             if not self.blocks.can_grow(seq, seq.num_computed + n):
+                self._unadmit(seq, admitting)
                 break
             self.blocks.grow(seq, seq.num_computed + n)
             if admitting:
@@ -134,6 +140,12 @@ class Scheduler:
             budget -= n
         return out
 
+    def _unadmit(self, seq: Sequence, admitting: bool) -> None:
+        """A request that stays waiting gives back the cached blocks its admission took."""
+        if admitting and seq.block_table:
+            self.blocks.release(seq)
+            seq.num_computed = 0
+
     # -- after the step -----------------------------------------------------------------------------
     def postprocess(self, work: list[Scheduled], drafts: dict[int, list[int]], committed: dict[int, list[int]],
                     now: float) -> list[StepOutput]:
@@ -143,6 +155,7 @@ class Scheduler:
         for w in work:
             seq, toks = w.seq, committed.get(w.seq.seq_id, [])
             seq.num_computed += w.num_rows if w.is_prefill else len(toks)
+            self.blocks.publish(seq, self.proposer.context_written(seq) if self.proposer else seq.num_computed)
             if not w.is_prefill and w.draft_len:
                 dr = drafts.get(seq.seq_id, [])
                 if dr:  # a speculative step: drafts were verified (a proposer may find none worth verifying)

@@ -28,6 +28,7 @@ class Sequence:
     num_computed: int = 0  # target KV and drafter context hold positions 0..num_computed-1
     block_table: list[int] = field(default_factory=list)
     window_table: list[int] = field(default_factory=list)  # sliding-window layers' pool (kv_cache.py), if any
+    block_digests: list[bytes] = field(default_factory=list, repr=False)  # published prefix (kv_cache.py)
     state_slot: int = -1  # a hybrid target's linear-attention state pool slot while running (kv_cache.py)
     status: Status = Status.WAITING
     finish_reason: str | None = None

@@ -118,5 +118,10 @@ class DFlashProposer(Proposer):
         self.drafter.write_context(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
                                    torch.cat([p[2] for p in parts]), self.caches)
 
-    def release(self, seq) -> None:
+    def release(self, seq, keep_cache: bool = False) -> None:
+        if keep_cache:
+            self.write_context([seq.seq_id])
         self.pending.pop(seq.seq_id, None)  # its blocks are gone: the context waiting for them goes too
+
+    def context_written(self, seq) -> int:
+        return seq.num_computed - self.pending_rows(seq.seq_id)

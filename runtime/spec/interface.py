@@ -59,5 +59,12 @@ class Proposer:
         """After verification: how many of each request's packed rows are committed (a prefill chunk: all of
         them; a verify block: the bonus row and the accepted drafts' rows). Rows past them were rejected."""
 
-    def release(self, seq) -> None:
-        """The request finished, was aborted or preempted: drop what the proposer keeps for it."""
+    def release(self, seq, keep_cache: bool = False) -> None:
+        """The request finished, was aborted or preempted: drop what the proposer keeps for it. keep_cache: its
+        cache blocks stay readable for later requests (prefix caching): first write the rows it still owes
+        them."""
+
+    def context_written(self, seq) -> int:
+        """Positions 0..n-1 of the request whose rows in the proposer's own caches are written (all of them for
+        a proposer without caches): the prefix cache shares blocks only below it."""
+        return seq.num_computed

@@ -1,0 +1,113 @@
+"""Prefix caching: requests with a common prefix share its cache blocks (target KV and drafter context), and the
+output stays exactly what each request gets without the cache, alone or under load, through eviction,
+preemption and cancellation; the drafter's drafts are the same position by position."""
+import random
+
+import pytest
+
+import tiny
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.errors import DFlashError
+from test_batching import Probe, outputs, run_with_arrivals
+
+PAGE = 4
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return tiny.accepting_pair(str(tmp_path_factory.mktemp("prefix")))
+
+
+def shared_prefix_workload(n=32, seed=0):
+    """Chat-like: a few long system prompts, each request one of them plus its own turn; arrivals spread out so
+    later requests find earlier ones' blocks published (some still running, some finished)."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(4, tiny.VOCAB) for _ in range(rng.randint(13, 30))] for _ in range(3)]
+    return [(rng.choice(systems) + [rng.randrange(4, tiny.VOCAB) for _ in range(rng.randint(0, 9))],
+             SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True), rng.randint(0, 60)) for _ in range(n)]
+
+
+def _engine(t, d, caching, **kw):
+    return LLM(target=t, draft=d, speculative=d is not None, draft_len_policy="fixed", page_size=PAGE,
+               max_num_tokens=48, max_batch_size=8, max_seq_len=96, enable_prefix_caching=caching, **kw)
+
+
+@pytest.mark.parametrize("spec", [True, False])
+def test_prefix_hits_change_nothing_but_the_rows_computed(pair, spec):
+    t, d = pair
+    reqs = shared_prefix_workload()
+    off = _engine(t, d if spec else None, False)
+    assert not off.engine.prefix_caching
+    p_off = Probe(off.engine)
+    seqs_off = run_with_arrivals(off, reqs)
+    on = _engine(t, d if spec else None, True)
+    p_on = Probe(on.engine)
+    seqs = run_with_arrivals(on, reqs)  # asserts every block is back (free or evictable)
+    assert outputs(seqs) == outputs(seqs_off)
+    stats = on.engine.stats()
+    assert stats["prefix_cache_hits"] >= 12 * PAGE * 8, stats  # most requests found their system prompt
+    assert sum(i["rows"] for i in p_on.iters) < sum(i["rows"] for i in p_off.iters) - stats["prefix_cache_hits"] // 2
+    if spec:  # the drafter read the shared pages' context: the same drafts as without the cache
+        index_off = {s.seq_id: i for i, s in enumerate(seqs_off)}
+        index_on = {s.seq_id: i for i, s in enumerate(seqs)}
+        ref = {(index_off[sid], pos): dr for (sid, pos), dr in p_off.drafts.items()}
+        compared = 0
+        for (sid, pos), dr in p_on.drafts.items():
+            other = ref.get((index_on[sid], pos))
+            if other is not None and dr:  # the shorter a prefix of the longer: the row budget may cut K
+                n = min(len(dr), len(other))
+                assert dr[:n] == other[:n], f"request {index_on[sid]} drafted differently at {pos} with a prefix hit"
+                compared += 1
+        assert compared > 50
+        assert sum(s.accepted for s in seqs) > 0
+
+
+def test_shared_blocks_survive_the_other_requests_cancellation_and_eviction(pair):
+    t, d = pair
+    llm = _engine(t, d, True)
+    eng = llm.engine
+    system = list(range(20, 20 + 4 * PAGE))
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone = [o.token_ids for o in _engine(t, d, False).generate([system + [7], system + [9]], sp)]
+    a = eng.add_request(system + [7], sp)
+    while a.in_prefill or a.num_output < 3:
+        eng.step()
+    b = eng.add_request(system + [9], sp)
+    eng.step()
+    assert b.block_table[:4] == a.block_table[:4], "the second request should read the first one's blocks"
+    shared = a.block_table[:4]
+    assert all(eng.blocks.main.ref[x] == 2 for x in shared)
+    eng.abort(a.request_id)
+    assert all(eng.blocks.main.ref[x] == 1 for x in shared)
+    while eng.has_unfinished():
+        eng.step()
+    assert b.output_ids == alone[1]
+    # released, the published blocks wait in the LRU; a cache-filling load evicts them and stays exact
+    assert eng.blocks.main.lru and eng.blocks.num_free == eng.blocks.num_blocks
+    rng = random.Random(3)
+    fill = [[rng.randrange(4, tiny.VOCAB) for _ in range(60)] for _ in range(12)]
+    outs = llm.generate(fill, SamplingParams(max_tokens=8, ignore_eos=True))
+    ref = _engine(t, d, False).generate(fill, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+
+
+def test_preempted_requests_recompute_from_their_own_published_blocks(pair):
+    t, d = pair
+    reqs = shared_prefix_workload(24, seed=4)
+    ref = outputs(run_with_arrivals(_engine(t, d, False), reqs))
+    probe = LLM(target=t, draft=d, page_size=PAGE, max_seq_len=96).engine.kv_plan
+    small = _engine(t, d, True, kv_cache_bytes=40 * probe.bytes_per_block)
+    seqs = run_with_arrivals(small, reqs)
+    assert outputs(seqs) == ref
+    assert small.engine.scheduler.num_preemptions > 0
+    assert small.engine.stats()["prefix_cache_hits"] > 0
+
+
+def test_targets_without_shareable_blocks_refuse_it_in_one_line(tmp_path):
+    from test_families_gemma3 import gemma3
+
+    t = gemma3(str(tmp_path / "g"))  # sliding-window layers in their own pool
+    assert not LLM(target=t, speculative=False, page_size=PAGE, max_seq_len=256).engine.prefix_caching
+    with pytest.raises(DFlashError, match="prefix caching is not supported.*sliding-window.*--no-prefix-caching"):
+        LLM(target=t, speculative=False, page_size=PAGE, max_seq_len=256, enable_prefix_caching=True)
