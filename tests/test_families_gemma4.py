@@ -188,7 +188,7 @@ def test_shared_kv_layers_have_no_cache(models):
 def test_gemma4_drafter_layout_drafts_and_dflash_equals_ar(models, name):
     d = DraftConfig.from_dir(models[name + "_d"])
     assert d.layer_types == [S, S, S, S, F] and d.sliding_window == WINDOW and d.final_logit_softcapping == 30.0
-    ps = families.prompts(3, seed=3, lo=10, hi=30)  # prompt + 20 tokens: past the window
+    ps = families.prompts(2, seed=3, lo=10, hi=30)  # prompt + 20 tokens: past the window
     assert families.assert_lossless(models[name], models[name + "_d"], ps, max_tokens=20, draft_lens=(15,)) > 0
 
 
@@ -203,9 +203,9 @@ def test_lossless_under_load_with_chunking_and_preemption(models):
     chunks beside verify blocks, a main pool small enough to preempt and recompute, windowed layers in their own
     pool; every request's tokens equal those it gets alone."""
     t, d = models["dense"], models["dense_d"]
-    reqs = test_families_batching.family_workload(WINDOW, n=8)
+    reqs = test_families_batching.family_workload(WINDOW, n=6)
     alone, _ = alone_with_drafts(t, d, reqs, page_size=4)
-    cfg = dict(max_num_tokens=24, max_batch_size=8, page_size=4, max_seq_len=128)
+    cfg = dict(max_num_tokens=24, max_batch_size=6, page_size=4, max_seq_len=128)
     llm = LLM(target=t, draft=d, draft_len_policy="fixed", **cfg,
               kv_cache_bytes=test_families_batching.main_block_budget(t, d, 36, **cfg))
     assert llm.engine.blocks.window is not None and llm.engine.blocks.main.num_blocks == 36
