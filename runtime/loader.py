@@ -35,13 +35,24 @@ def report_stages(stream=sys.stderr) -> None:
     """Print one line per loading stage (the CLIs call this: loading a large model is otherwise silent)."""
     global _stage_out
     _stage_out = stream
+    _deferred.clear()
 
 
-def stage(message: str) -> None:
+_deferred: list[str] = []
+
+
+def stage(message: str, defer: bool = False) -> None:
+    """defer: hold the line until the next stage, so a bad config (checked after it) still fails in one line."""
     from .distributed import is_driver_process
 
-    if _stage_out is not None and is_driver_process():
-        print(f"dflash: {message}", file=_stage_out, flush=True)
+    if _stage_out is None or not is_driver_process():
+        return
+    if defer:
+        _deferred.append(message)
+        return
+    for m in [*_deferred, message]:
+        print(f"dflash: {m}", file=_stage_out, flush=True)
+    _deferred.clear()
 
 
 def mib(n: int) -> str:
@@ -110,7 +121,7 @@ def verify_files(paths: ModelPaths, mode: str = "sha256") -> None:
         if why is not None:
             name = os.path.relpath(f, root) if root else f
             fix = f"the engine directory is corrupted, {REBUILD}" if root else "copy or download it again"
-            raise CheckpointError(f"weights file {name} is damaged ({why}): {fix}; or {skip}")
+            raise CheckpointError(f"weights file {name} is unreadable or damaged ({why}): {fix}; or {skip}")
     listed = (paths.engine or {}).get("files") or {}
     rels = sorted(r for r in listed if r.split("/")[0] in ("target", "draft")) if root and mode == "sha256" else []
     missing = [r for r in rels if not os.path.isfile(os.path.join(root, r))]
@@ -126,7 +137,8 @@ def verify_files(paths: ModelPaths, mode: str = "sha256") -> None:
                               f"time: the engine directory is corrupted or was edited, {REBUILD}; or {skip}")
     nbytes = sum(os.path.getsize(f) for f in files)
     what = f"sha256 of {len(rels)} engine files" if rels else "sizes against their headers"
-    stage(f"checked {len(files)} weight files ({mib(nbytes)}): {what}, in {time.perf_counter() - t0:.1f} s")
+    stage(f"checked {len(files)} weight files ({mib(nbytes)}): {what}, in {time.perf_counter() - t0:.1f} s",
+          defer=True)
 
 
 def _sha256(path: str) -> str:

@@ -82,7 +82,8 @@ def kv_budget(paths, cfg, fraction: float | None) -> int | None:
         if budget <= 0:
             raise DFlashError(f"--kv-cache-fraction {fraction}: {mib(free)} free less {mib(weights)} of weights "
                               "leaves nothing for the KV cache: pass --kv-cache-bytes, or free memory")
-        stage(f"KV cache budget {mib(budget)}: {fraction:g} of {mib(free)} free less {mib(weights)} of weights")
+        stage(f"KV cache budget {mib(budget)}: {fraction:g} of {mib(free)} free less {mib(weights)} of weights",
+              defer=True)
         return budget
     need = workload_bytes(paths, cfg)
     cap = int(DEFAULT_SHARE * room)
@@ -93,7 +94,7 @@ def kv_budget(paths, cfg, fraction: float | None) -> int | None:
                           "pass --kv-cache-bytes")
     stage(f"KV cache budget {mib(cap)} (the workload, max_batch_size {cfg.max_batch_size} x max_seq_len "
           f"{cfg.max_seq_len}, would take {mib(need)}: capped at {DEFAULT_SHARE:g} of {mib(free)} free less the "
-          "weights; --kv-cache-bytes or --kv-cache-fraction decide)")
+          "weights; --kv-cache-bytes or --kv-cache-fraction decide)", defer=True)
     return cap
 
 

@@ -93,11 +93,11 @@ def test_a_truncated_weights_file_is_refused_in_every_mode_but_none(engine, tmp_
     with open(path, "r+b") as f:
         f.truncate(size - 64)
     for mode in ("sha256", "size"):
-        with pytest.raises(DFlashError, match=f"target/model.safetensors is damaged \\({size - 64} bytes where its "
-                                              f"header says {size}\\)"):
+        with pytest.raises(DFlashError, match=f"target/model.safetensors is unreadable or damaged \\({size - 64} "
+                                              f"bytes where its header says {size}\\)"):
             LLM(e, max_seq_len=128, verify_files=mode)
     # a plain checkpoint directory (no engine.json): the header check still runs
-    with pytest.raises(DFlashError, match="model.safetensors is damaged.*copy or download it again"):
+    with pytest.raises(DFlashError, match="model.safetensors is unreadable or damaged.*copy or download it again"):
         LLM(target=os.path.join(e, "target"), speculative=False, max_seq_len=128)
 
 
