@@ -84,7 +84,8 @@ def _write_trtllm(plan: BuildPlan, dst: str, final_output: str) -> None:
         mask_token_id=d.mask_token_id, target_layer_ids=d.target_layer_ids, max_seq_len=plan.max_seq_len,
         max_batch_size=plan.max_batch_size, max_num_tokens=plan.max_num_tokens, kv_cache_dtype=plan.kv_cache_dtype,
         ep_size=ep, drafter_attention=attention, kv_cache_reuse=plan.kv_cache_reuse,
-        context_recompute_tail=plan.context_recompute_tail, rejection_sampling=plan.rejection_sampling)
+        context_recompute_tail=plan.context_recompute_tail, rejection_sampling=plan.rejection_sampling,
+        hybrid=plan.tcfg.hybrid is not None)
     trtllm.check_options(opts)
     header = (f"# TensorRT-LLM {trtllm.TRTLLM_VERSION} LLM-API options written by dflash-build {__version__}.\n"
               f"# trtllm-serve serve <engine>/target --backend pytorch --tp_size {plan.tp_size} --config dflash.yaml\n"
@@ -147,6 +148,7 @@ def engine_record(plan: BuildPlan, target_info: dict, files: dict[str, str]) -> 
         "ep_size": plan.ep_size if t.moe is not None else None,
         "moe": None if t.moe is None else {"num_experts": t.moe.num_experts, "experts_per_token": t.moe.top_k},
         "sliding_window": t.sliding_window if t.layer_types and "sliding_attention" in t.layer_types else None,
+        "linear_attention_layers": None if t.hybrid is None else list(t.hybrid.linear_layers),
         "block_size": d.block_size,
         "max_draft_len": plan.max_draft_len,
         "target_layer_ids": list(d.target_layer_ids),
@@ -373,6 +375,16 @@ def build_engine(plan: BuildPlan, progress: Progress | None = None) -> dict:
         check_space(plan, need)
         for line in plan.warnings:
             sys.stderr.write(f"warning: {line}\n")
+        if "trtllm" not in which:  # one line, even with --quiet: the directory has no trtllm/ on purpose
+            others = ", ".join(f"{s}/serve.sh" for s in which)
+            sys.stderr.write(f"note: TensorRT-LLM {trtllm.TRTLLM_VERSION} cannot run a "
+                             f"{'/'.join(plan.dcfg.raw.get('architectures') or [])} drafter (DFlash2 has only an "
+                             f"RFC there, TensorRT-LLM #18085), so no trtllm/ files are written: this engine directory "
+                             f"serves natively (dflash-serve, dflash-generate) and with {others}\n")
+        if plan.quantization != "bf16":  # what stays unquantized, and why: the build log says it too
+            from .families import default_exclusions, exclusions
+            for e in exclusions(plan.tcfg, plan.quantization) + default_exclusions(plan.tcfg, plan.quantization):
+                progress.log(f"kept unquantized ({plan.quantization}): {e.modules}: {e.why}")
         if plan.gpu is not None:
             attention, why = drafter_attention(plan.gpu)
             sys.stderr.write(f"drafter attention: {attention} ({why})\n")

@@ -23,7 +23,7 @@ class Progress:
 
     def log(self, message: str) -> None:
         if self.enabled:
-            self._console.print(message, highlight=False, markup=False)
+            self._console.print(message, highlight=False, markup=False, soft_wrap=True)
 
     @contextlib.contextmanager
     def task(self, description: str, total: float | None = None, unit: str = "count"):

@@ -21,6 +21,15 @@ RECOMPUTE_TAIL_COMMENT = (
     "A prefix-cache hit skips the target forward over the reused prompt, and the drafter's context comes only\n"
     "from target forwards: without a tail it would draft with no context after every hit. TensorRT-LLM reuses up\n"
     "to a block boundary that leaves at least this many prompt tokens to recompute (prefill rows per hit).")
+# TensorRT-LLM's own DFlash test of a hybrid target (tests/unittest/_torch/speculative/test_dflash.py,
+# test_dflash_qwen3_5_4b: Qwen3.5-4B + z-lab's drafter) runs it with block reuse and chunked prefill off; the state
+# stays fp32 as in transformers' Gated DeltaNet and our runtime.
+HYBRID_COMMENTS = {
+    "enable_chunked_prefill": "Hybrid (Gated DeltaNet) target: off, as TensorRT-LLM's own Qwen3.5 DFlash test runs it.",
+    "kv_cache_config.enable_block_reuse": "Hybrid target: a reused KV prefix carries no linear-attention state.",
+    "kv_cache_config.mamba_ssm_cache_dtype": "The Gated DeltaNet recurrent state in fp32 (transformers' and the "
+                                             "native runtime's precision):\nverify rows roll it back exactly.",
+}
 REJECTION_COMMENT = (
     "T > 0 requests accept drafts by rejection sampling against the drafter's distribution (lossless, and more\n"
     "accepted tokens than matching sampled tokens); greedy requests are unaffected.")
@@ -30,7 +39,8 @@ def llm_api_options(*, draft_dir: str, max_draft_len: int, mask_token_id: int, t
                     max_seq_len: int, max_batch_size: int, max_num_tokens: int, kv_cache_dtype: str,
                     free_gpu_memory_fraction: float = 0.8, ep_size: int | None = None,
                     drafter_attention: str = "VANILLA", kv_cache_reuse: bool = False,
-                    context_recompute_tail: int | None = None, rejection_sampling: bool = True) -> dict:
+                    context_recompute_tail: int | None = None, rejection_sampling: bool = True,
+                    hybrid: bool = False) -> dict:
     """The dict written to trtllm/dflash.yaml (passed with `--config`, alias `--extra_llm_api_options`).
 
     ep_size: MoE targets only (None for dense ones): `moe_expert_parallel_size`, the expert-parallel split of the
@@ -40,6 +50,8 @@ def llm_api_options(*, draft_dir: str, max_draft_len: int, mask_token_id: int, t
     kv = {"free_gpu_memory_fraction": free_gpu_memory_fraction, "enable_block_reuse": kv_cache_reuse}
     if kv_cache_dtype == "fp8":
         kv["dtype"] = "fp8"  # only with the k_scale / v_scale the ModelOpt export carries
+    if hybrid:  # validate.check_hybrid_flags refuses --kv-cache-reuse for these
+        kv |= {"enable_block_reuse": False, "mamba_ssm_cache_dtype": "float32"}
     moe = {} if ep_size is None else {"moe_expert_parallel_size": ep_size}
     spec = {
         "decoding_type": "DFlash",
@@ -59,7 +71,7 @@ def llm_api_options(*, draft_dir: str, max_draft_len: int, mask_token_id: int, t
         "max_batch_size": max_batch_size,
         "max_num_tokens": max_num_tokens,
         "attn_backend": "TRTLLM",  # target attention; FLASHINFER is to be avoided with DFlash
-        "enable_chunked_prefill": True,
+        "enable_chunked_prefill": not hybrid,
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": max_batch_size},
         "kv_cache_config": kv,
         **moe,
@@ -70,6 +82,8 @@ def yaml_comments(options: dict) -> dict[str, str]:
     """Comments for dflash.yaml, keyed by the dotted path of the key they explain."""
     spec = options["speculative_config"]
     out = {}
+    if "mamba_ssm_cache_dtype" in options.get("kv_cache_config", {}):
+        out.update(HYBRID_COMMENTS)
     if "context_recompute_tail" in spec:
         out["speculative_config.context_recompute_tail"] = RECOMPUTE_TAIL_COMMENT
     if spec.get("use_rejection_sampling"):

@@ -80,6 +80,9 @@ KV_CACHE_CONFIG = {
     # a free string upstream; these are the KV cache types the pinned release quantizes to
     "dtype": F("str", choices=("auto", "fp8", "nvfp4"), nullable=False),
     "tokens_per_block": F("int", nullable=False),
+    # PyTorch backend only: the dtype of hybrid targets' recurrent (Mamba / Gated DeltaNet) state, read from
+    # tensorrt_llm/llmapi/llm_args.py's KvCacheConfig (Literal auto | float16 | bfloat16 | float32)
+    "mamba_ssm_cache_dtype": F("str", choices=("auto", "float16", "bfloat16", "float32"), nullable=False),
 }
 
 # the CUDA graph config of TorchLlmArgs (BaseCudaGraphConfig's fields)

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from dflash_trt.config import SUPPORTED_TARGETS, DraftConfig, TargetConfig
+from . import families
 from .errors import BuildError
 
 QUANTIZATIONS = ("bf16", "fp8", "nvfp4")
@@ -142,6 +143,10 @@ def valid_tp_sizes(counts: list[int]) -> list[int]:
 
 def check_tp(plan: BuildPlan) -> None:
     t, d, tp = plan.tcfg, plan.dcfg, plan.tp_size
+    if families.hybrid(t) and tp > 1:
+        raise BuildError(f"--tp-size {tp} is not supported for {t.model_type}: tensor parallelism does not shard "
+                         "the Gated DeltaNet layers of hybrid targets here (dflash-serve refuses it too): use "
+                         "--tp-size 1")
     constraints = [("target num_attention_heads", t.num_attention_heads),
                    ("target num_key_value_heads", t.num_key_value_heads),
                    ("target intermediate_size", t.intermediate_size),
@@ -165,13 +170,22 @@ def check_tp(plan: BuildPlan) -> None:
                          f"expert intermediate_size ({moe.intermediate_size}): raise --ep-size")
 
 
+def check_hybrid_flags(plan: BuildPlan) -> None:
+    if families.hybrid(plan.tcfg) and plan.kv_cache_reuse:
+        raise BuildError(f"--kv-cache-reuse is not supported for {plan.tcfg.model_type}: a cached prefix carries no "
+                         "Gated DeltaNet state (TensorRT-LLM's own Qwen3.5 DFlash test and dflash-serve run these "
+                         "targets without block reuse): drop --kv-cache-reuse")
+
+
 def check_nvfp4_shapes(plan: BuildPlan) -> None:
-    """NVFP4 packs 16-element blocks along in_features, and tensor parallelism splits the row-parallel inputs."""
+    """NVFP4 packs 16-element blocks along in_features, and tensor parallelism splits the row-parallel inputs.
+    Families whose NVFP4 recipe quantizes only some linears (families.exclusions) check those."""
     t, tp = plan.tcfg, plan.tp_size
     head = t.head_dim if t.mla is None else t.mla.v_head_dim  # MLA: o_proj reads v_head_dim per head
-    checks = [("hidden_size (q/k/v/gate/up in_features)", t.hidden_size, 1),
-              ("num_attention_heads x head_dim (o_proj in_features per rank)", t.num_attention_heads * head, tp),
-              ("intermediate_size (down_proj in_features per rank)", t.intermediate_size, tp)]
+    checks = families.nvfp4_inputs(t, tp, plan.ep_size) or [
+        ("hidden_size (q/k/v/gate/up in_features)", t.hidden_size, 1),
+        ("num_attention_heads x head_dim (o_proj in_features per rank)", t.num_attention_heads * head, tp),
+        ("intermediate_size (down_proj in_features per rank)", t.intermediate_size, tp)]
     for name, n, split in checks:
         if n % split or (n // split) % NVFP4_GROUP:
             raise BuildError(f"--quantization nvfp4 needs in_features divisible by {NVFP4_GROUP}"
@@ -207,10 +221,11 @@ def check_target(plan: BuildPlan) -> None:
         raise BuildError(f"--target architecture {model_type!r} ({', '.join(archs) or 'no architectures'}) is not "
                          f"supported: dflash-build handles {', '.join(SUPPORTED_TARGETS.values())} targets")
     expected = SUPPORTED_TARGETS[model_type]
-    if archs and expected not in archs:
+    accepted = families.ARCHITECTURE_ALIASES.get(model_type, (expected,))
+    if archs and not set(accepted) & set(archs):
         raise BuildError(f"--target architectures {archs} are not supported for model_type {model_type!r}: "
                          f"give a {expected} checkpoint (a causal LM with an lm_head)")
-    plan.architecture = expected
+    plan.architecture = families.TRTLLM_ARCHITECTURE.get(model_type, expected)
     method = (raw.get("quantization_config") or {}).get("quant_method")
     if method == "mxfp4" and model_type == "gpt_oss":  # the gpt-oss release: experts stay MXFP4, as TRT-LLM runs them
         if plan.quantization != "bf16" or plan.kv_cache_dtype != "auto":
@@ -229,27 +244,37 @@ def read_target_shapes(plan: BuildPlan) -> None:
     plan.target_shapes = tensor_shapes(plan.target, "target")
 
 
+def weight_names(plan: BuildPlan) -> families.WeightNames:
+    return families.WeightNames(plan.tcfg.model_type, plan.target_shapes,
+                                wrapper="text_config" in (plan.target_raw or {}))
+
+
 def check_target_weights(plan: BuildPlan) -> None:
-    shapes = plan.target_shapes
+    """The weights config.json implies, by canonical name (families.WeightNames: wrapper prefixes, MiniMax-M2's
+    Mixtral names), each missing or mis-shaped one named as this checkpoint spells it."""
+    names = weight_names(plan)
+    shapes = names.canonical_shapes(plan.target_shapes)
     t = plan.tcfg
-    want = {"model.embed_tokens.weight": [t.vocab_size, t.hidden_size]} | _attention_weights(t)
+    want = {"model.embed_tokens.weight": [t.vocab_size, t.hidden_size]}
+    want |= _hybrid_weights(t) if families.hybrid(t) else _attention_weights(t)
     for layer in (0, t.num_hidden_layers - 1):
         want |= _mlp_weights(t, layer, shapes)
     for name, shape in want.items():
         if name not in shapes:
-            raise BuildError(f"--target {plan.target} weights lack {name}: the safetensors do not belong to this "
-                             "config.json (give a complete Hugging Face checkpoint)")
+            raise BuildError(f"--target {plan.target} weights lack {names.spell(name)}: the safetensors do not "
+                             "belong to this config.json (give a complete Hugging Face checkpoint)")
         if shapes[name][0] != shape:
-            raise BuildError(f"--target weight {name} has shape {shapes[name][0]}, config.json implies {shape}: "
-                             "config.json does not match the weights")
-    check_expert_tensors(plan)
+            raise BuildError(f"--target weight {names.spell(name)} has shape {shapes[name][0]}, config.json implies "
+                             f"{shape}: config.json does not match the weights")
+    check_expert_tensors(plan, shapes, names)
 
 
-_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(.+)$")
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.(?:mlp\.)?experts\.(.+)$")
 FUSED_KINDS = ("gate_up_proj", "down_proj")
 
 
-def check_expert_tensors(plan: BuildPlan) -> None:
+def check_expert_tensors(plan: BuildPlan, shapes: dict | None = None,
+                         names: families.WeightNames | None = None) -> None:
     """Every MoE layer's experts are in the safetensors (names only: headers, no weights read). A bf16 build never
     loads the target, so a truncated checkpoint would otherwise build and fail only where it is served.
 
@@ -257,7 +282,9 @@ def check_expert_tensors(plan: BuildPlan) -> None:
     in bf16 or as the MXFP4 release's `<name>_blocks` + `<name>_scales`, plus `<name>_bias` where the family has
     expert biases. One-by-one layouts: experts.<e>.{gate,up,down}_proj.weight for every expert (and `.bias`).
     The message names the missing tensor as this checkpoint would spell it."""
-    t, shapes = plan.tcfg, plan.target_shapes
+    t = plan.tcfg
+    names = names or weight_names(plan)
+    shapes = shapes if shapes is not None else names.canonical_shapes(plan.target_shapes)
     moe = t.moe
     if moe is None:
         return
@@ -271,13 +298,13 @@ def check_expert_tensors(plan: BuildPlan) -> None:
     for layer in range(t.num_hidden_layers):
         if layer in moe.dense_layers:
             continue
-        p = f"model.layers.{layer}.mlp.experts."
+        p = f"model.layers.{layer}.{families.experts_module(t.model_type)}."
         have = by_layer.get(layer, set())
         missing = _missing_expert_tensor(t, have, mxfp4)
         if missing is not None:
             name, what = missing
-            raise BuildError(f"--target {plan.target} weights lack {p}{name} ({what}): a truncated or incomplete "
-                             "checkpoint (give a complete Hugging Face checkpoint)")
+            raise BuildError(f"--target {plan.target} weights lack {names.spell(p + name)} ({what}): a truncated "
+                             "or incomplete checkpoint (give a complete Hugging Face checkpoint)")
 
 
 def _missing_expert_tensor(t: TargetConfig, have: set, mxfp4: bool) -> tuple[str, str] | None:
@@ -307,8 +334,9 @@ def _missing_expert_tensor(t: TargetConfig, have: set, mxfp4: bool) -> tuple[str
 def _attention_weights(t: TargetConfig) -> dict:
     p = "model.layers.0.self_attn."
     a = t.mla
-    if a is None:
-        return {p + "q_proj.weight": [t.num_attention_heads * t.head_dim, t.hidden_size]}
+    if a is None:  # Gemma 4: per-layer head dims (layer_head_dims)
+        head = (getattr(t, "layer_head_dims", None) or [t.head_dim])[0]
+        return {p + "q_proj.weight": [t.num_attention_heads * head, t.hidden_size]}
     heads = t.num_attention_heads
     want = {p + "kv_a_proj_with_mqa.weight": [a.kv_lora_rank + a.qk_rope_head_dim, t.hidden_size],
             p + "kv_b_proj.weight": [heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank]}
@@ -318,24 +346,59 @@ def _attention_weights(t: TargetConfig) -> dict:
                    p + "q_b_proj.weight": [heads * a.qk_head_dim, a.q_lora_rank]}
 
 
+def _hybrid_weights(t: TargetConfig) -> dict:
+    """A hybrid's first full-attention layer (gated q_proj: a query and a gate per head) and first Gated DeltaNet
+    layer (Qwen3.5's in_proj_qkv or Qwen3-Next's grouped in_proj_qkvz, the depthwise conv, out_proj)."""
+    h, d = t.hybrid, t.hybrid.deltanet
+    want = {}
+    if h.attention_layers:
+        p = f"model.layers.{h.attention_layers[0]}.self_attn."
+        want[p + "q_proj.weight"] = [t.num_attention_heads * t.head_dim * 2, t.hidden_size]
+        want[p + "o_proj.weight"] = [t.hidden_size, t.num_attention_heads * t.head_dim]
+    if h.linear_layers:
+        p = f"model.layers.{h.linear_layers[0]}.linear_attn."
+        k, v = d.num_k_heads * d.head_k_dim, d.num_v_heads * d.head_v_dim
+        if d.fused_qkvz:
+            want[p + "in_proj_qkvz.weight"] = [2 * k + 2 * v, t.hidden_size]
+        else:
+            want[p + "in_proj_qkv.weight"] = [2 * k + v, t.hidden_size]
+        want[p + "conv1d.weight"] = [2 * k + v, 1, d.conv_kernel]
+        want[p + "out_proj.weight"] = [t.hidden_size, v]
+    return want
+
+
 def _mlp_weights(t: TargetConfig, layer: int, shapes: dict) -> dict:
     """A layer's MLP weights the config implies: dense SwiGLU, or a router plus experts (one by one or fused)."""
     p = f"model.layers.{layer}.mlp."
     moe = t.moe
+    inter = (getattr(t, "layer_intermediate", None) or [t.intermediate_size] * t.num_hidden_layers)[layer]
+    dense = {p + "gate_proj.weight": [inter, t.hidden_size], p + "down_proj.weight": [t.hidden_size, inter]}
     if moe is None or layer in moe.dense_layers:
-        return {p + "gate_proj.weight": [t.intermediate_size, t.hidden_size],
-                p + "down_proj.weight": [t.hidden_size, t.intermediate_size]}
+        return dense
+    if t.model_type in families.GEMMA4:  # a dense MLP beside the experts, and its own router
+        return dense | {f"model.layers.{layer}.router.proj.weight": [moe.num_experts, t.hidden_size]}
     router = "router" if moe.router == "topk_softmax" else "gate"
     want = {p + router + ".weight": [moe.num_experts, t.hidden_size]}
     if p + "experts.0.gate_proj.weight" in shapes or not any(n.startswith(p + "experts.") and n.count(".") == 5
                                                             for n in shapes):
         want[p + "experts.0.gate_proj.weight"] = [moe.intermediate_size, t.hidden_size]
+    shared = t.hybrid.shared_expert_intermediate_size if families.hybrid(t) else 0
+    if shared:
+        want[p + "shared_expert.gate_proj.weight"] = [shared, t.hidden_size]
     return want  # every MoE layer's expert tensors: check_expert_tensors
+
+
+def draft_model_type(raw: dict) -> str | None:
+    """The drafter decoder's model_type: top level (z-lab), or the nested layer config (speculators, whose
+    default is Qwen3, as DraftConfig reads it)."""
+    if "speculators_model_type" in raw:
+        return (raw.get("transformer_layer_config") or {}).get("model_type", "qwen3")
+    return raw.get("model_type")
 
 
 def check_draft(plan: BuildPlan) -> None:
     d = plan.dcfg
-    model_type = d.raw.get("model_type")
+    model_type = draft_model_type(d.raw)
     if model_type in QWEN3_STYLE_DRAFT_TYPES and "DFlashDraftModel" in (d.raw.get("architectures") or []):
         fallback = "".join(w.capitalize() for w in model_type.split("_")) + "ForCausalLM"  # TensorRT-LLM's rule
         plan.warnings.append(
@@ -349,6 +412,19 @@ def check_draft(plan: BuildPlan) -> None:
     if d.raw.get("quantization_config"):
         raise BuildError("--draft is quantized: TensorRT-LLM slices the drafter's raw projection weights, so give "
                          "the BF16 drafter")
+
+
+def check_draft_vocab(plan: BuildPlan) -> None:
+    """A speculators drafter's pruned vocabulary (d2t / t2d) has no place in what TensorRT-LLM reads: its
+    DFlashForCausalLM shares the target's embedding and whole lm_head and loads no d2t / t2d, so it would draft
+    from logits over the whole vocabulary, not the ones the drafter was trained to rank."""
+    raw, v = plan.dcfg.raw, plan.tcfg.vocab_size
+    n = raw.get("draft_vocab_size")
+    if "speculators_model_type" in raw and n is not None and n != v:
+        raise BuildError(f"--draft has a pruned draft vocabulary (draft_vocab_size {n} of the target's {v}, d2t / "
+                         "t2d maps) that TensorRT-LLM's DFlash drafter cannot read (it drafts over the target's whole "
+                         "lm_head): serve this pair natively with dflash-serve --target TARGET --draft DRAFT, or give "
+                         "a drafter with the full vocabulary")
 
 
 def check_draft_len(plan: BuildPlan) -> None:
@@ -408,8 +484,10 @@ def validate_plan(plan: BuildPlan) -> BuildPlan:
     from dflash_trt.loader import ModelPaths, load_configs
 
     plan.tcfg, plan.dcfg = load_configs(ModelPaths(plan.target, plan.draft))  # validate_pair runs inside
+    check_draft_vocab(plan)
     check_lengths(plan)
     check_tp(plan)
+    check_hybrid_flags(plan)
     check_target_weights(plan)
     if plan.quantization == "nvfp4":
         check_nvfp4_shapes(plan)
