@@ -149,7 +149,8 @@ class Gemma4Layer(nn.Module):
         out = torch.zeros_like(y)
         for e in torch.unique(idx).tolist():
             rows, slot = torch.where(idx == e)
-            out.index_add_(0, rows, (self.experts[e](y.index_select(0, rows)) * weights[rows, slot, None]).to(out.dtype))
+            part = self.experts[e](y.index_select(0, rows)) * weights[rows, slot, None]
+            out.index_add_(0, rows, part.to(out.dtype))
         return self.post_feedforward_layernorm_2(out)
 
     def forward(self, x, cos, sin, kv_cache, batch, per_layer_input=None):
@@ -178,10 +179,8 @@ class Gemma4Model(TargetModel):
             if layers:
                 tables[kind] = ProportionalRotary(rope.theta, rope.factor, cfg.rope_partial[kind],
                                                   cfg.layer_head_dims[layers[0]], max_positions)
-        # the loader moves `rotary`; RotaryTable moves any other table to the positions' device on first use
-        self.rotary = tables["full_attention"]
-        self.rotary_local = tables.get("sliding_attention")
-        self.tables = tables
+        # the loader moves `rotary`; RotaryTable moves the sliding layers' table to the positions' device on use
+        self.rotary, self.tables = tables["full_attention"], tables
         if cfg.ple_dim:
             n, p = cfg.num_hidden_layers, cfg.ple_dim
             self.model.embed_tokens_per_layer = nn.Embedding(cfg.ple_vocab, n * p)
@@ -204,7 +203,7 @@ class Gemma4Model(TargetModel):
         return self.model.embed_tokens(self._text_ids(ids)) * torch.tensor(self.cfg.embed_scale, dtype=w.dtype)
 
     def per_layer_inputs(self, ids, x):
-        """PLE: [T, layers, ple_dim] = (norm(proj(x) / sqrt(hidden)) + embed_per_layer(ids) * sqrt(ple_dim)) / sqrt 2."""
+        """PLE: [T, layers, ple_dim] = (norm(proj(x) / sqrt(hidden)) + embed_per_layer(ids) sqrt(ple_dim)) / sqrt 2."""
         cfg, m = self.cfg, self.model
         t, n, p = x.shape[0], cfg.num_hidden_layers, cfg.ple_dim
         w = m.embed_tokens_per_layer.weight
