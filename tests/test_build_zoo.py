@@ -291,3 +291,36 @@ def test_kimi_k26_drafter_rope_is_refused(pairs, tmp_path, capsys):
         json.dump(cfg, f)
     _one_line_error(capsys, ["--target", t, "--draft", str(k26), "--output", str(tmp_path / "e")],
                     "unsupported rope_type 'deepseek_yarn'")
+
+
+# -- Gemma 4 (dense with per-layer embeddings and shared-KV layers; the MoE wrapper with K=V attention) ------------
+@pytest.fixture(scope="module")
+def gemma4_engines(tmp_path_factory):
+    from dflash_trt.config import SUPPORTED_TARGETS
+
+    if "gemma4" not in SUPPORTED_TARGETS:
+        pytest.skip("the runtime has no Gemma 4 targets")
+    g = pytest.importorskip("test_families_gemma4")
+    root = tmp_path_factory.mktemp("zoo_gemma4")
+    dense, moe = g.gemma4_dense(str(root / "dense")), g.gemma4_moe(str(root / "moe"))
+    out = families.build_engines(dense, g.gemma4_drafter(str(root / "dense_d"), dense), root, {"dense_bf16": []})
+    out |= families.build_engines(moe, g.gemma4_drafter(str(root / "moe_d"), moe), root,
+                                  {"moe_fp8": ["--quantization", "fp8"] + CALIB})
+    return out
+
+
+def test_gemma4_engines_build_check_and_run(gemma4_engines, capsys):
+    """The weight checks read Gemma 4's per-layer MLP widths (double-wide shared-KV layers), the wrapper's
+    model.language_model. prefix and its experts beside the dense MLP (`experts.gate_up_proj`, `router.proj`);
+    the FP8 export keeps the router BF16; TensorRT-LLM's target attention is TRTLLM, which Gemma 4 needs with
+    DFlash (head_dim 256 selects FlashInfer otherwise, which rejects K+1-token queries)."""
+    for name, e in gemma4_engines.items():
+        assert build(["--check", e, "--quiet"]) == 0, capsys.readouterr().err
+        with open(os.path.join(e, "trtllm", "dflash.yaml")) as f:
+            assert "attn_backend: TRTLLM" in f.read()
+        ps = families.prompts(2, seed=5)
+        assert families.assert_lossless(e, None, ps, max_tokens=8, draft_lens=(7,), dtype="bfloat16") > 0
+    names = _names(gemma4_engines["moe_fp8"])
+    p = "model.language_model.layers.0."
+    assert names[p + "experts.0.gate_proj.weight"] == names[p + "self_attn.q_proj.weight"] == "F8_E4M3"
+    assert names[p + "router.proj.weight"] == "BF16"
