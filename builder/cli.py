@@ -55,8 +55,9 @@ def make_parser() -> argparse.ArgumentParser:
                 description=f"Build a TensorRT-LLM {TRTLLM_VERSION} DFlash deployment directory: the target "
                             "(BF16, or quantized with NVIDIA ModelOpt), the BF16 drafter, the LLM-API YAML and the "
                             "serve/bench scripts. Or verify one with --check.")
-    p.add_argument("--target", metavar="DIR", help="target model: Hugging Face checkpoint directory (Llama, Qwen3)")
-    p.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (z-lab format)")
+    p.add_argument("--target", metavar="DIR", help="target model: Hugging Face checkpoint directory (Llama, Qwen3, Qwen3-MoE, gpt-oss, Gemma 3 / 4, "
+                        "DeepSeek-V3, Kimi K2 / K2.5, MiniMax-M2, Qwen3.5 / Qwen3-Next; docs/families.md)")
+    p.add_argument("--draft", metavar="DIR", help="DFlash drafter directory (z-lab or vLLM speculators format; written in the z-lab format)")
     p.add_argument("--output", metavar="DIR", help="engine directory to write (atomically)")
     p.add_argument("--quantization", choices=("bf16", "fp8", "nvfp4"), default="bf16",
                    help="target weights: bf16 copy, or ModelOpt FP8 (Hopper+) / NVFP4 (Blackwell) (default bf16)")

@@ -170,11 +170,22 @@ def check_tp(plan: BuildPlan) -> None:
                          f"expert intermediate_size ({moe.intermediate_size}): raise --ep-size")
 
 
-def check_hybrid_flags(plan: BuildPlan) -> None:
-    if families.hybrid(plan.tcfg) and plan.kv_cache_reuse:
-        raise BuildError(f"--kv-cache-reuse is not supported for {plan.tcfg.model_type}: a cached prefix carries no "
-                         "Gated DeltaNet state (TensorRT-LLM's own Qwen3.5 DFlash test and dflash-serve run these "
-                         "targets without block reuse): drop --kv-cache-reuse")
+def check_hybrid_flags(plan: BuildPlan, given_num_tokens: int | None = None) -> None:
+    """Hybrid targets run in TensorRT-LLM as its own Qwen3.5 DFlash test runs them: no block reuse, no chunked
+    prefill, so a whole prompt is one iteration's tokens."""
+    if not families.hybrid(plan.tcfg):
+        return
+    mt = plan.tcfg.model_type
+    if plan.kv_cache_reuse:
+        raise BuildError(f"--kv-cache-reuse is not supported for {mt}: a cached prefix carries no Gated DeltaNet "
+                         "state (TensorRT-LLM's own Qwen3.5 DFlash test and dflash-serve run these targets without "
+                         "block reuse): drop --kv-cache-reuse")
+    if given_num_tokens is None:
+        plan.max_num_tokens = max(plan.max_num_tokens, plan.max_seq_len)
+    elif given_num_tokens < plan.max_seq_len:
+        raise BuildError(f"--max-num-tokens {given_num_tokens} is below --max-seq-len {plan.max_seq_len}: {mt} "
+                         "runs without chunked prefill in TensorRT-LLM, so a prompt must fit one iteration: raise "
+                         "--max-num-tokens or lower --max-seq-len")
 
 
 def check_nvfp4_shapes(plan: BuildPlan) -> None:
@@ -485,9 +496,10 @@ def validate_plan(plan: BuildPlan) -> BuildPlan:
 
     plan.tcfg, plan.dcfg = load_configs(ModelPaths(plan.target, plan.draft))  # validate_pair runs inside
     check_draft_vocab(plan)
+    given_num_tokens = plan.max_num_tokens
     check_lengths(plan)
     check_tp(plan)
-    check_hybrid_flags(plan)
+    check_hybrid_flags(plan, given_num_tokens)
     check_target_weights(plan)
     if plan.quantization == "nvfp4":
         check_nvfp4_shapes(plan)

@@ -159,6 +159,8 @@ def test_unsupported_combinations_are_refused(pairs, tmp_path, capsys):
                     "DeltaNet layers")
     _one_line_error(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "reuse"), "--kv-cache-reuse"],
                     "--kv-cache-reuse is not supported for qwen3_5_moe")
+    _one_line_error(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "tok"), "--max-seq-len", "512",
+                             "--max-num-tokens", "256"], "--max-num-tokens 256 is below --max-seq-len 512")
     # NVFP4 packs 16-element blocks: the shared expert's 24-wide down_proj input cannot be
     _one_line_error(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "nv"), "--quantization",
                              "nvfp4"], "shared_expert_intermediate_size (shared down_proj in_features per rank) is 24")
