@@ -59,7 +59,7 @@ class Ours:
         o = self.llm.generate([p], self.sp_cls(max_tokens=n, ignore_eos=True))[0]
         t1 = time.perf_counter()
         if self.spec:
-            self.taus.append((o.accepted + o.steps, o.steps))
+            self.taus.append((o.accepted + o.num_drafts, o.num_drafts))
         return Run(len(o.token_ids), t1 - t0, o.ttft, list(o.token_ids))
 
     def tau(self):

@@ -61,8 +61,8 @@ def build(fmt: str, target: str, draft: str, out: str, calib_samples: int) -> st
 
 
 def tau(outs) -> float:
-    steps = sum(o.steps for o in outs)
-    return sum(o.accepted + o.steps for o in outs) / max(1, steps)
+    steps = sum(o.num_drafts for o in outs)
+    return sum(o.accepted + o.num_drafts for o in outs) / max(1, steps)
 
 
 def run(args) -> list[dict]:

@@ -17,9 +17,14 @@ _lock = threading.Lock()
 _loaded: dict[str, object] = {}
 
 
+def _headers(sources: list[str]) -> list[str]:
+    dirs = sorted({os.path.dirname(s) for s in sources})
+    return [os.path.join(d, f) for d in dirs for f in sorted(os.listdir(d)) if f.endswith((".h", ".cuh"))]
+
+
 def build_dir(name: str, sources: list[str]) -> str:
     h = hashlib.sha256(torch.__version__.encode())
-    for s in sources:
+    for s in sources + _headers(sources):
         with open(s, "rb") as f:
             h.update(f.read())
     root = os.environ.get("DFLASH_TRT_BUILD") or os.path.join(
@@ -28,6 +33,28 @@ def build_dir(name: str, sources: list[str]) -> str:
     d = os.path.join(root, f"{name}-{h.hexdigest()[:12]}")
     os.makedirs(d, exist_ok=True)
     return d
+
+
+def staged_sources(d: str, sources: list[str]) -> list[str]:
+    """Copies of the sources, and the headers beside them, in the build directory: the compile commands then
+    name the same files whichever checkout or install the package runs from, so two of them share one build
+    instead of rebuilding it for each other (torch rebuilds when a command's paths change). Files are written
+    only when their bytes differ, so an unchanged build stays up to date."""
+    src = os.path.join(d, "src")
+    os.makedirs(src, exist_ok=True)
+    out = []
+    for path in sources + _headers(sources):
+        dst = os.path.join(src, os.path.basename(path))
+        with open(path, "rb") as f:
+            data = f.read()
+        if not os.path.isfile(dst) or open(dst, "rb").read() != data:
+            tmp = f"{dst}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, dst)
+        if path in sources:
+            out.append(dst)
+    return out
 
 
 def load_extension(name: str, sources: list[str], extra_cflags: list[str] | None = None,
@@ -49,7 +76,7 @@ def load_extension(name: str, sources: list[str], extra_cflags: list[str] | None
             stale = os.path.join(d, "lock")
             if os.path.exists(stale):
                 os.remove(stale)
-            mod = load(name=name, sources=paths, extra_cflags=flags, extra_ldflags=["-fopenmp"],
+            mod = load(name=name, sources=staged_sources(d, paths), extra_cflags=flags, extra_ldflags=["-fopenmp"],
                        build_directory=d, is_python_module=False, with_cuda=with_cuda, verbose=False)
         _loaded[name] = mod
         return mod

@@ -321,6 +321,20 @@ def test_metrics(server, client):
     assert m["dflash_kv_cache_blocks_total"] > 0 and m["process_resident_memory_bytes"] > 0
 
 
+def test_prefix_cache_counters(server, client):
+    """vLLM's prefix-cache counters (tokens): a repeated 40-token prompt finds its first two 16-token blocks."""
+    label = f"model_name={NAME}"
+    key = "vllm:prefix_cache_{}_total{{%s}}" % label
+    prompt = "the same long prompt, forty characters."
+    before = scrape(server)
+    outs = [client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0).choices[0].text
+            for _ in range(2)]
+    m = scrape(server)
+    assert outs[0] == outs[1]
+    assert m[key.format("queries")] - before[key.format("queries")] == 2 * 2 * 16
+    assert m[key.format("hits")] - before[key.format("hits")] == 2 * 16
+
+
 def test_vllm_speculation_counters_and_per_request_stats(pair):
     """vLLM's spec_decode counters move by exactly the per-request figures the responses carry; a request that
     never drafted says tau null; the KV cache gauges are the bytes the engine's pools hold."""

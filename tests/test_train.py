@@ -60,8 +60,8 @@ def test_training_learns_and_exports(tmp_path):
     heldout = prompts[:3]  # eval split: the first records (--split first)
     trained = LLM(target=t, draft=d, draft_len_policy="fixed").generate(heldout, sp)
     untrained = LLM(target=t, draft=str(out / "init"), draft_len_policy="fixed").generate(heldout, sp)
-    tau_t = sum(o.accepted + o.steps for o in trained) / sum(o.steps for o in trained)
-    tau_u = sum(o.accepted + o.steps for o in untrained) / sum(o.steps for o in untrained)
+    tau_t = sum(o.accepted + o.num_drafts for o in trained) / sum(o.num_drafts for o in trained)
+    tau_u = sum(o.accepted + o.num_drafts for o in untrained) / sum(o.num_drafts for o in untrained)
     assert tau_t > tau_u + 0.08, (tau_t, tau_u)
     assert [o.token_ids for o in trained] == [o.token_ids[:32] for o in outs[:3]]  # still lossless
     tau_decode = check_decode_walk(t, d, heldout, tmp_path)

@@ -54,6 +54,9 @@ def add_load_args(p) -> None:
                     "at most 2 GiB and half the memory free at start less the weights)")
     kv.add_argument("--kv-cache-fraction", type=float, metavar="F", help="give the KV cache this fraction (0..1] "
                     "of the memory free at start, less the weights")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None, help="share the "
+                   "cache blocks of common prompt prefixes between requests (default: on, except for targets no "
+                   "shared block can serve: hybrid linear-attention and sliding-window pools)")
     p.add_argument("--verify-files", choices=("sha256", "size", "none"), default="sha256", help="before loading: "
                    "sha256 (default): an engine directory's target/ and draft/ files against engine.json, and "
                    "every weights file's size against its header; size: the sizes only; none: nothing (trusted "
@@ -75,6 +78,8 @@ def byte_size(text: str) -> int:
 
 def load_kwargs(args) -> dict:
     kw = {"verify_files": args.verify_files}
+    if args.prefix_caching is not None:
+        kw["enable_prefix_caching"] = args.prefix_caching
     if args.kv_cache_bytes is not None:
         kw["kv_cache_bytes"] = args.kv_cache_bytes
     if args.kv_cache_fraction is not None:

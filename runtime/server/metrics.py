@@ -54,7 +54,7 @@ class ServerMetrics:
         self.drafted = Counter(P + "draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter(P + "accepted_draft_tokens", "Draft tokens accepted", registry=r)
         self._spec_counters(engine, model_name)
-        r.register(_EngineCollector(engine, unfinished, max_queue))
+        r.register(_EngineCollector(engine, unfinished, max_queue, model_name))
         _observe_iterations(engine, self)
 
     def _spec_counters(self, engine, model_name: str) -> None:
@@ -128,8 +128,9 @@ def _observe_iterations(engine, sink: ServerMetrics) -> None:
 class _EngineCollector:
     """Gauges read at scrape time (the engine thread owns these numbers; reading them is a benign race)."""
 
-    def __init__(self, engine, unfinished, max_queue: int):
+    def __init__(self, engine, unfinished, max_queue: int, model_name: str = ""):
         self.engine, self.unfinished, self.max_queue = engine, unfinished, max_queue
+        self.model_name = model_name
 
     def describe(self):
         return []
@@ -147,3 +148,9 @@ class _EngineCollector:
                 ("kv_cache_blocks_total", "KV cache blocks", s["cache_blocks_total"])):
             yield GaugeMetricFamily(P + name, doc, value=value)
         yield CounterMetricFamily(P + "preemptions", "Requests preempted for cache space", value=s["preemptions"])
+        for name, doc, key in (("queries", "Prefix cache queries, in terms of number of queried tokens.",
+                                "prefix_cache_queries"),
+                               ("hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_cache_hits")):
+            c = CounterMetricFamily("vllm:prefix_cache_" + name, doc, labels=["model_name"])  # vLLM's names
+            c.add_metric([self.model_name], s[key])
+            yield c
