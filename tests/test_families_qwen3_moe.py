@@ -169,6 +169,7 @@ def test_ep_size_must_fit_the_moe(models, tmp_path, capsys):
     # an expert count --ep-size does not divide (every other tp constraint met: heads 4 / kv 2 / sizes even)
     t3 = qwen3_moe(str(tmp_path / "t3"), num_experts=3)
     d3 = families.drafter_for(str(tmp_path / "d3"), t3)
+    capsys.readouterr()  # transformers' save_pretrained progress bar, not the build's
     assert build(["--target", t3, "--draft", d3, "--quiet", "--output", str(tmp_path / "b"), "--tp-size", "2",
                   "--ep-size", "2"]) == 2
     err = capsys.readouterr().err
