@@ -7,9 +7,12 @@
 # Re-running the script resumes where it stopped. The shipped drafter's own history (resumes, schedules, times)
 # is in runtime/assets/smollm2-dflash/README.md.
 #   DATA_PROMPTS=12000 MAGPIE=2900 STEPS=9000 THREADS=2 bash examples/train_embedded_drafter.sh
-# Domain-steered Magpie data alone (the [drafter] run of session 7; its requests so far are committed in
-# builder/data/magpie_domains_seed1.jsonl.xz: unpack to $DATA.magpie-domains.jsonl to resume, not resample):
-#   DATA=/work/data/sd_domains.jsonl DATA_PROMPTS=0 MAGPIE=0 MAGPIE_DOMAINS=4000 SEED=1 SKIP_TRAIN=1 THREADS=1 \
+# Domain-steered Magpie data alone (the [drafter] run): its 1,082 requests (seed 1) and the answers written so far
+# are committed; unpack both to resume where the run stopped instead of resampling (the target's greedy answers
+# through our runtime, ~15-35 tokens/s on one shared CPU thread, ~190 tokens per answer):
+#   xz -dc builder/data/magpie_domains_seed1.jsonl.xz > /work/data/sd_domains.jsonl.magpie-domains.jsonl
+#   xz -dc builder/data/sd_domains_seed1.jsonl.xz > /work/data/sd_domains.jsonl
+#   DATA=/work/data/sd_domains.jsonl DATA_PROMPTS=0 MAGPIE=0 MAGPIE_DOMAINS=1082 SEED=1 SKIP_TRAIN=1 THREADS=1 \
 #     bash examples/train_embedded_drafter.sh
 set -euo pipefail
 DATA=${DATA:-/work/data/smollm2_sd.jsonl}
