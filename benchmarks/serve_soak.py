@@ -70,6 +70,8 @@ def _scrape(base: str) -> dict:
         for s in fam.samples:
             if not s.labels:
                 out[s.name] = s.value
+            elif s.name.startswith("vllm:prefix_cache_"):  # one model_name label
+                out[s.name] = out.get(s.name, 0) + s.value
     return out
 
 
@@ -87,7 +89,8 @@ def soak(base: str, plist: list[str], max_tokens: int, want: list[str] | None = 
     an output unlike `want`, a cache not back to idle)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     leave = [3 if disconnect_every and (i + 1) % disconnect_every == 0 else None for i in range(len(plist))]
-    rss0 = _scrape(base).get("process_resident_memory_bytes", 0)
+    m0 = _scrape(base)
+    rss0 = m0.get("process_resident_memory_bytes", 0)
     t0 = time.perf_counter()
     results = asyncio.run(_run(base, plist, max_tokens, leave, headers, timeout))
     wall = time.perf_counter() - t0
@@ -114,7 +117,9 @@ def soak(base: str, plist: list[str], max_tokens: int, want: list[str] | None = 
             "all_done_events": True, "outputs_equal_llm_generate": want is not None, "wall_s": round(wall, 2),
             "output_tok_per_s": round(tokens / wall, 1), "ttft_p50_s": round(ttft[len(ttft) // 2], 3),
             "ttft_max_s": round(ttft[-1], 3), "rss_before_mib": round(rss0 / 2**20, 1),
-            "rss_after_mib": round(m.get("process_resident_memory_bytes", 0) / 2**20, 1)}
+            "rss_after_mib": round(m.get("process_resident_memory_bytes", 0) / 2**20, 1),
+            "prefix_cache_hit_tokens": int(m.get("vllm:prefix_cache_hits_total", 0)
+                                           - m0.get("vllm:prefix_cache_hits_total", 0))}
 
 
 def _free_port() -> int:
@@ -134,6 +139,8 @@ def main(argv=None) -> int:
                    "(0: none)")
     p.add_argument("--max-seq-len", type=int, default=512)
     p.add_argument("--threads", type=int, help="torch CPU threads, here and in the server")
+    p.add_argument("--rounds", type=int, default=1, help="soaks in a row against the same server (RSS after each "
+                   "shows whether memory stays flat)")
     args = p.parse_args(argv)
     from dflash_trt import LLM, SamplingParams
 
@@ -170,7 +177,9 @@ def main(argv=None) -> int:
             if time.monotonic() > end:
                 raise SystemExit("dflash-serve did not start in 600 s")
             time.sleep(0.5)
-        fig = soak(base, plist, args.max_tokens, want, args.disconnect_every)
+        figs = [soak(base, plist, args.max_tokens, want, args.disconnect_every) for _ in range(args.rounds)]
+        fig = dict(figs[-1], rounds=len(figs), rss_after_each_round_mib=[f["rss_after_mib"] for f in figs],
+                   prefix_cache_hit_tokens_each_round=[f["prefix_cache_hit_tokens"] for f in figs])
     finally:
         proc.terminate()
         rc = proc.wait(120)

@@ -31,7 +31,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 @dataclass
 class RopeConfig:
     theta: float = 10000.0
-    rope_type: str = "default"  # default | linear | llama3 | yarn
+    rope_type: str = "default"  # default | linear | llama3 | yarn | deepseek_yarn
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -47,8 +47,9 @@ class RopeConfig:
     def from_hf(cls, params: dict | None, default_theta: float = 10000.0, max_pos: int = 8192) -> "RopeConfig":
         p = dict(params or {})
         rope_type = p.get("rope_type", p.get("type", "default")) or "default"
-        if rope_type not in ("default", "linear", "llama3", "yarn"):
-            raise CheckpointError(f"unsupported rope_type {rope_type!r}: use default, linear, llama3 or yarn")
+        if rope_type not in ("default", "linear", "llama3", "yarn", "deepseek_yarn"):
+            raise CheckpointError(f"unsupported rope_type {rope_type!r}: use default, linear, llama3, yarn or "
+                                  "deepseek_yarn")
         return cls(
             theta=float(p.get("rope_theta", default_theta)),
             rope_type=rope_type,

@@ -36,6 +36,7 @@ class RequestOutput:
     ttft: float | None = None
     latency: float | None = None
     tpot: float | None = None  # mean seconds per output token after the first
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
 
@@ -159,7 +160,8 @@ class LLM:
             tau=1 + seq.accepted / drafts if drafts else None,
             acceptance_rate=seq.accepted / seq.drafted if seq.drafted else None, trace=seq.trace,
             ttft=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
-            latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time, tpot=seq.tpot)
+            latency=None if seq.finish_time is None else seq.finish_time - seq.arrival_time, tpot=seq.tpot,
+            cached_tokens=seq.num_cached_tokens)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, chat: bool = False,
                  use_tqdm: bool = False) -> list[RequestOutput]:

@@ -174,6 +174,10 @@ def load_configs(paths: ModelPaths, max_draft_len: int | None = None):
         if fc_shape is None:
             raise CheckpointError(f"drafter {paths.draft} has no fc.weight: not a DFlash drafter checkpoint")
         validate_pair(tcfg, dcfg, fc_in_features=fc_shape[1], max_draft_len=max_draft_len)
+        from .draft_vocab import FILE, load_draft_vocab
+
+        if os.path.isfile(os.path.join(paths.draft, FILE)):  # a broken one fails here, before weights are read
+            load_draft_vocab(paths.draft, tcfg.vocab_size)
     stage(f"read the configs: target {tcfg.num_hidden_layers} layers, hidden {tcfg.hidden_size}, vocab "
           f"{tcfg.vocab_size}" + (f"; drafter {dcfg.num_hidden_layers} layers, block {dcfg.block_size}" if dcfg else "")
           + f" ({time.perf_counter() - t0:.2f} s)")

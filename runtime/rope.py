@@ -24,7 +24,7 @@ def inv_freq_and_scale(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, f
         smoothed = (1 - smooth) * out / rope.factor + smooth * out
         medium = (wavelen >= high_wl) & (wavelen <= low_wl)
         return torch.where(medium, smoothed, out), 1.0
-    if rope.rope_type == "yarn":
+    if rope.rope_type in ("yarn", "deepseek_yarn"):
         factor = rope.factor
         old = rope.original_max_position_embeddings
 
@@ -33,6 +33,11 @@ def inv_freq_and_scale(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, f
 
         if rope.attention_factor is not None:
             attn = float(rope.attention_factor)
+        elif rope.rope_type == "deepseek_yarn":
+            # vLLM's name for DeepSeek's YaRN (Kimi K2.6's drafter): the same frequencies, cos/sin scaled by
+            # mscale(factor, mscale) / mscale(factor, mscale_all_dim) with defaults 1 and 0
+            attn = get_mscale(factor, 1.0 if rope.mscale is None else rope.mscale) / get_mscale(
+                factor, rope.mscale_all_dim or 0.0)
         elif rope.mscale and rope.mscale_all_dim:
             attn = get_mscale(factor, rope.mscale) / get_mscale(factor, rope.mscale_all_dim)
         else:

@@ -120,6 +120,8 @@ class Scheduler:
                 break
             if admitting and seq.num_computed == 0:
                 seq.num_computed = self.blocks.cached_prefix(seq)  # rows another request already computed
+                if not seq.num_preemptions:
+                    seq.num_cached_tokens = seq.num_computed
             n = seq.prefill_target - seq.num_computed
             # without chunked prefill a prompt waits for a whole budget; a preempted request's recompute (prompt
             # and output) may exceed any budget, so it is always chunked
@@ -145,6 +147,8 @@ class Scheduler:
         if admitting and seq.block_table:
             self.blocks.release(seq)
             seq.num_computed = 0
+            if not seq.num_preemptions:
+                seq.num_cached_tokens = 0
 
     # -- after the step -----------------------------------------------------------------------------
     def postprocess(self, work: list[Scheduled], drafts: dict[int, list[int]], committed: dict[int, list[int]],

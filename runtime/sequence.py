@@ -29,6 +29,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     window_table: list[int] = field(default_factory=list)  # sliding-window layers' pool (kv_cache.py), if any
     block_digests: list[bytes] = field(default_factory=list, repr=False)  # published prefix (kv_cache.py)
+    num_cached_tokens: int = 0  # prompt positions its first admission found in the prefix cache
     state_slot: int = -1  # a hybrid target's linear-attention state pool slot while running (kv_cache.py)
     status: Status = Status.WAITING
     finish_reason: str | None = None

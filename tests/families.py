@@ -138,6 +138,19 @@ def build_engines(target: str, draft: str, root, flags: dict[str, list[str]]) ->
     return out
 
 
+def assert_build_refused(capsys, args: list[str], match: str) -> None:
+    """dflash-build exits 2 with one stderr line containing `match` and leaves no output directory."""
+    import os
+
+    from dflash_trt.builder.cli import main as build
+
+    out = args[args.index("--output") + 1]
+    assert build(args + ["--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1, err
+    assert not os.path.exists(out)
+
+
 def target_tensor(engine: str, name: str) -> torch.Tensor:
     import glob
     import os

@@ -144,25 +144,17 @@ def test_tensorrt_llm_settings_for_the_hybrid_cache(engines):
         assert opts["kv_cache_config"]["mamba_ssm_cache_dtype"] == "float32"
 
 
-def _one_line_error(capsys, args, match):
-    out = args[args.index("--output") + 1]
-    assert build(args + ["--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert match in err and err.count("\n") == 1, err
-    assert not os.path.exists(out)
-
-
 def test_unsupported_combinations_are_refused(pairs, tmp_path, capsys):
     t, d = pairs["qwen3_5_moe"]
-    _one_line_error(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "tp"), "--tp-size", "2"],
+    families.assert_build_refused(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "tp"), "--tp-size", "2"],
                     "--tp-size 2 is not supported for qwen3_5_moe: tensor parallelism does not shard the Gated "
                     "DeltaNet layers")
-    _one_line_error(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "reuse"), "--kv-cache-reuse"],
+    families.assert_build_refused(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "reuse"), "--kv-cache-reuse"],
                     "--kv-cache-reuse is not supported for qwen3_5_moe")
-    _one_line_error(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "tok"), "--max-seq-len", "512",
+    families.assert_build_refused(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "tok"), "--max-seq-len", "512",
                              "--max-num-tokens", "256"], "--max-num-tokens 256 is below --max-seq-len 512")
     # NVFP4 packs 16-element blocks: the shared expert's 24-wide down_proj input cannot be
-    _one_line_error(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "nv"), "--quantization",
+    families.assert_build_refused(capsys, ["--target", t, "--draft", d, "--output", str(tmp_path / "nv"), "--quantization",
                              "nvfp4"], "shared_expert_intermediate_size (shared down_proj in_features per rank) is 24")
 
 
@@ -180,5 +172,5 @@ def test_weight_checks_read_the_wrapper_prefix(pairs, tmp_path, capsys):
         w = load_file(str(bad / "model.safetensors"))
         del w[key]
         save_file(w, str(bad / "model.safetensors"))
-        _one_line_error(capsys, ["--target", str(bad), "--draft", d, "--output", str(tmp_path / f"{kind}_e")],
+        families.assert_build_refused(capsys, ["--target", str(bad), "--draft", d, "--output", str(tmp_path / f"{kind}_e")],
                         f"weights lack {key}{msg}")

@@ -145,14 +145,6 @@ def test_expert_parallel_settings(engines):
         assert rec["ep_size"] == ep and rec["moe"]["num_experts"] == 8
 
 
-def _one_line_error(capsys, args, match):
-    out = args[args.index("--output") + 1]
-    assert build(args + ["--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert match in err and err.count("\n") == 1, err
-    assert not os.path.exists(out)
-
-
 def test_weight_checks_read_the_checkpoint_names(pairs, tmp_path, capsys):
     """A missing routed expert in a middle layer is found through the wrapper prefix (Kimi, transformers' `blocks`
     layout) and the Mixtral names (MiniMax-M2), and named as the checkpoint spells it."""
@@ -166,7 +158,7 @@ def test_weight_checks_read_the_checkpoint_names(pairs, tmp_path, capsys):
         w = load_file(str(bad / "model.safetensors"))
         del w[key]
         save_file(w, str(bad / "model.safetensors"))
-        _one_line_error(capsys, ["--target", str(bad), "--draft", d, "--output", str(tmp_path / f"{fam}_e")],
+        families.assert_build_refused(capsys, ["--target", str(bad), "--draft", d, "--output", str(tmp_path / f"{fam}_e")],
                         f"weights lack {key} (expert 5 of 8)")
     bad = tmp_path / "kimi_shape"
     shutil.copytree(pairs["kimi"][0], bad)
@@ -174,16 +166,16 @@ def test_weight_checks_read_the_checkpoint_names(pairs, tmp_path, capsys):
     k = "language_model.model.blocks.0.self_attn.kv_b_proj.weight"
     w[k] = w[k][:-1].contiguous()
     save_file(w, str(bad / "model.safetensors"))
-    _one_line_error(capsys, ["--target", str(bad), "--draft", pairs["kimi"][1], "--output", str(tmp_path / "ks")],
+    families.assert_build_refused(capsys, ["--target", str(bad), "--draft", pairs["kimi"][1], "--output", str(tmp_path / "ks")],
                     f"--target weight {k} has shape [127, 32], config.json implies [128, 32]")
 
 
 def test_unsupported_combinations_are_refused(pairs, tmp_path, capsys):
     kt, kd = pairs["kimi"]
-    _one_line_error(capsys, ["--target", kt, "--draft", kd, "--output", str(tmp_path / "e1"), "--tp-size", "4",
+    families.assert_build_refused(capsys, ["--target", kt, "--draft", kd, "--output", str(tmp_path / "e1"), "--tp-size", "4",
                              "--ep-size", "3"], "--ep-size 3 must divide --tp-size 4")
     mt, md = pairs["minimax"]
-    _one_line_error(capsys, ["--target", mt, "--draft", md, "--output", str(tmp_path / "e2"), "--tp-size", "8",
+    families.assert_build_refused(capsys, ["--target", mt, "--draft", md, "--output", str(tmp_path / "e2"), "--tp-size", "8",
                              "--ep-size", "8"], "--tp-size 8 does not divide the target num_attention_heads (4)")
     int4 = tmp_path / "kimi_int4"  # the release's INT4 experts (compressed-tensors): give the bf16 checkpoint
     shutil.copytree(kt, int4)
@@ -192,7 +184,7 @@ def test_unsupported_combinations_are_refused(pairs, tmp_path, capsys):
     cfg["quantization_config"] = {"quant_method": "compressed-tensors"}
     with open(int4 / "config.json", "w") as f:
         json.dump(cfg, f)
-    _one_line_error(capsys, ["--target", str(int4), "--draft", kd, "--output", str(tmp_path / "e3")],
+    families.assert_build_refused(capsys, ["--target", str(int4), "--draft", kd, "--output", str(tmp_path / "e3")],
                     "is already quantized: give the original bf16/fp16 checkpoint")
 
 
@@ -248,7 +240,7 @@ def test_speculators_pruned_vocabulary_is_refused(speculators_pair, tmp_path, ca
     t, z, _, root = speculators_pair
     vocab = torch_tensor(sorted({11} | set(range(3, tiny.VOCAB, 3))))
     s = spec.to_speculators(z, t, str(tmp_path / "pruned"), vocab)
-    _one_line_error(capsys, ["--target", t, "--draft", s, "--output", str(tmp_path / "e")],
+    families.assert_build_refused(capsys, ["--target", t, "--draft", s, "--output", str(tmp_path / "e")],
                     f"--draft has a pruned draft vocabulary (draft_vocab_size {vocab.numel()} of the target's "
                     f"{tiny.VOCAB}")
 
@@ -277,9 +269,29 @@ def test_dflash2_pair_serves_natively_without_tensorrt_llm_files(tmp_path, capsy
     assert families.assert_lossless(out, None, ps, max_tokens=10, draft_lens=(7,)) >= 0
 
 
-def test_kimi_k26_drafter_rope_is_refused(pairs, tmp_path, capsys):
-    """Kimi K2.6's published drafter uses `deepseek_yarn` RoPE, which the runtime's RoPE reader does not take:
-    one line, nothing written (docs/families.md lists the drafter as unsupported)."""
+def test_kimi_k26_drafter_with_deepseek_yarn_rope_builds_and_runs(pairs, tmp_path):
+    """Kimi K2.6's published drafter uses `deepseek_yarn` RoPE (vLLM's DeepseekScalingRotaryEmbedding): its
+    table is transformers' YaRN with mscale / mscale_all_dim, and vLLM's defaults (mscale 1, mscale_all_dim 0)
+    when they are absent; the pair builds, re-checks and stays lossless."""
+    import math
+
+    import torch
+
+    from dflash_trt.config import RopeConfig
+    from dflash_trt.rope import RotaryTable
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_theta": 50000.0, "factor": 64.0, "original_max_position_embeddings": 4096, "mscale": 0.707,
+              "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0}
+    hf = DeepseekV3Config(qk_rope_head_dim=64, max_position_embeddings=262144,
+                          rope_parameters=dict(params, rope_type="yarn"))
+    inv_ref, attn_ref = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    ours = RotaryTable(RopeConfig.from_hf(dict(params, rope_type="deepseek_yarn")), 64, 8)
+    assert torch.allclose(ours.inv_freq, inv_ref.float(), rtol=1e-6) and ours.scale == pytest.approx(attn_ref)
+    bare = RotaryTable(RopeConfig.from_hf({k: v for k, v in dict(params, rope_type="deepseek_yarn").items()
+                                           if not k.startswith("mscale")}), 64, 8)
+    assert bare.scale == pytest.approx(0.1 * math.log(64.0) + 1.0)  # vLLM: mscale(64, 1) / mscale(64, 0)
     t, d = pairs["kimi"]
     k26 = tmp_path / "k26"
     shutil.copytree(d, k26)
@@ -289,8 +301,10 @@ def test_kimi_k26_drafter_rope_is_refused(pairs, tmp_path, capsys):
                               "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0}
     with open(k26 / "config.json", "w") as f:
         json.dump(cfg, f)
-    _one_line_error(capsys, ["--target", t, "--draft", str(k26), "--output", str(tmp_path / "e")],
-                    "unsupported rope_type 'deepseek_yarn'")
+    out = str(tmp_path / "e")
+    assert build(["--target", t, "--draft", str(k26), "--output", out, "--quiet"]) == 0
+    assert build(["--check", out, "--quiet"]) == 0
+    assert families.assert_lossless(out, None, families.prompts(2, seed=26), max_tokens=8, draft_lens=(7,)) >= 0
 
 
 # -- Gemma 4 (dense with per-layer embeddings and shared-KV layers; the MoE wrapper with K=V attention) ------------

@@ -20,11 +20,14 @@ def pair(tmp_path_factory):
 
 def shared_prefix_workload(n=32, seed=0):
     """Chat-like: a few long system prompts, each request one of them plus its own turn; arrivals spread out so
-    later requests find earlier ones' blocks published (some still running, some finished)."""
+    later requests find earlier ones' blocks published (some still running, some finished). Every other request
+    samples (seeded)."""
     rng = random.Random(seed)
     systems = [[rng.randrange(4, tiny.VOCAB) for _ in range(rng.randint(13, 30))] for _ in range(3)]
     return [(rng.choice(systems) + [rng.randrange(4, tiny.VOCAB) for _ in range(rng.randint(0, 9))],
-             SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True), rng.randint(0, 60)) for _ in range(n)]
+             SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True, **({"temperature": 0.8, "seed": i}
+                                                                              if i % 2 else {})),
+             rng.randint(0, 60)) for i in range(n)]
 
 
 def _engine(t, d, caching, **kw):
@@ -75,6 +78,7 @@ def test_shared_blocks_survive_the_other_requests_cancellation_and_eviction(pair
     b = eng.add_request(system + [9], sp)
     eng.step()
     assert b.block_table[:4] == a.block_table[:4], "the second request should read the first one's blocks"
+    assert b.num_cached_tokens == 4 * PAGE and llm.output(b).cached_tokens == 4 * PAGE
     shared = a.block_table[:4]
     assert all(eng.blocks.main.ref[x] == 2 for x in shared)
     eng.abort(a.request_id)

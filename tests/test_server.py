@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import tiny
+from serving import wait_healthy
 from dflash_trt import LLM, SamplingParams
 
 openai = pytest.importorskip("openai")
@@ -88,16 +89,7 @@ def server(pair, tmp_path_factory):
                                  "--log-level", "warning"], stdout=f, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        end = time.monotonic() + 300  # a loaded 2-core CI machine: model load plus step-cost calibration
-        while True:
-            assert proc.poll() is None, f"server exited: {log.read_text()}"
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end, f"server did not start: {log.read_text()}"
-            time.sleep(0.2)
+        wait_healthy(base, proc, log.read_text)
         yield base
     finally:
         proc.terminate()
@@ -327,10 +319,10 @@ def test_prefix_cache_counters(server, client):
     key = "vllm:prefix_cache_{}_total{{%s}}" % label
     prompt = "the same long prompt, forty characters."
     before = scrape(server)
-    outs = [client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0).choices[0].text
-            for _ in range(2)]
+    rs = [client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0) for _ in range(2)]
     m = scrape(server)
-    assert outs[0] == outs[1]
+    assert rs[0].choices[0].text == rs[1].choices[0].text
+    assert [r.usage.prompt_tokens_details.cached_tokens for r in rs] == [0, 2 * 16]  # per request, OpenAI's field
     assert m[key.format("queries")] - before[key.format("queries")] == 2 * 2 * 16
     assert m[key.format("hits")] - before[key.format("hits")] == 2 * 16
 

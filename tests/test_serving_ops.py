@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 import tiny
+from serving import wait_healthy
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -42,16 +43,7 @@ class Server:
             self.proc = subprocess.Popen([sys.executable, "-m", "dflash_trt.server.cli", *args, "--host",
                                           "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
                                          stdout=f, stderr=subprocess.STDOUT, env=env)
-        end = time.monotonic() + 300
-        while True:
-            assert self.proc.poll() is None, f"server exited: {self.log()}"
-            try:
-                if httpx.get(f"{self.base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end, f"server did not start: {self.log()}"
-            time.sleep(0.2)
+        wait_healthy(self.base, self.proc, self.log)
 
     def log(self) -> str:
         return open(self.log_path).read()

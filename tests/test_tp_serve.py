@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 import tiny
+from serving import wait_healthy
 from dflash_trt import LLM, SamplingParams
 
 openai = pytest.importorskip("openai")
@@ -96,16 +97,7 @@ class MPIServer:
         return out
 
     def wait_ready(self, timeout=180):
-        end = time.monotonic() + timeout
-        while True:
-            assert self.proc.poll() is None, f"mpirun exited: {self.text()}"
-            try:
-                if httpx.get(f"{self.base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end, f"server did not start: {self.text()}"
-            time.sleep(0.3)
+        wait_healthy(self.base, self.proc, self.text, timeout, poll=0.3, what="mpirun")
         self.ranks = self.rank_pids()
         assert sorted(self.ranks) == [0, 1], (self.ranks, self.text())
         return self

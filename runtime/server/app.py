@@ -281,7 +281,8 @@ class DFlashServer:
                     if req.include_usage:
                         yield P.sse({"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                                      "created": created, "model": model, "choices": [],
-                                     "usage": P.usage(len(out.prompt_token_ids), len(out.token_ids))})
+                                     "usage": P.usage(len(out.prompt_token_ids), len(out.token_ids),
+                                                      out.cached_tokens)})
             yield P.sse(b"[DONE]")
         finally:
             job.cancel()

@@ -286,9 +286,11 @@ def finalize(req: ParsedRequest, prompt_ids: list[int], limits: Limits) -> Sampl
 
 
 # -- responses ------------------------------------------------------------------------------------------------
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; prompt_tokens_details.cached_tokens: prompt tokens read from the prefix cache."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def dflash_stats(out) -> dict:
@@ -304,14 +306,16 @@ def dflash_stats(out) -> dict:
 def completion_response(rid: str, model: str, out, created: int | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created or int(time.time()), "model": model,
             "choices": [{"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}],
-            "usage": usage(len(out.prompt_token_ids), len(out.token_ids)), "dflash": dflash_stats(out)}
+            "usage": usage(len(out.prompt_token_ids), len(out.token_ids), out.cached_tokens),
+            "dflash": dflash_stats(out)}
 
 
 def chat_response(rid: str, model: str, out, created: int | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created or int(time.time()), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
                          "finish_reason": out.finish_reason}],
-            "usage": usage(len(out.prompt_token_ids), len(out.token_ids)), "dflash": dflash_stats(out)}
+            "usage": usage(len(out.prompt_token_ids), len(out.token_ids), out.cached_tokens),
+            "dflash": dflash_stats(out)}
 
 
 def completion_chunk(rid: str, model: str, created: int, text: str, reason: str | None = None) -> dict:

@@ -1,0 +1,21 @@
+"""Helpers for the tests that start real servers (dflash-serve, mpirun ranks) on 127.0.0.1."""
+from __future__ import annotations
+
+import time
+
+import httpx
+
+
+def wait_healthy(base: str, proc, log, timeout: float = 300, poll: float = 0.2, what: str = "server") -> None:
+    """Until GET {base}/health answers 200; fails with the process's log (`log()`) if it exits or times out (a
+    loaded 2-core CI machine: model load plus step-cost calibration take minutes)."""
+    end = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"{what} exited: {log()}"
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < end, f"server did not start: {log()}"
+        time.sleep(poll)
