@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import errno
-import hashlib
 import json
 import os
 import re
@@ -29,6 +28,8 @@ import sys
 import tempfile
 
 from . import FORMAT_VERSION, stacks, trtllm
+from dflash_trt.checkpoint import sha256_file
+
 from .calib import Tokenize
 from .draft import write_draft
 from .errors import BuildError
@@ -63,12 +64,7 @@ def sha256_files(root: str, rels: list[str], progress: Progress, description: st
     out = {}
     with progress.task(description, total=sum(sizes.values()) or 1, unit="bytes") as advance:
         for r in rels:
-            h = hashlib.sha256()
-            with open(os.path.join(root, r), "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 22), b""):
-                    h.update(chunk)
-                    advance(len(chunk))
-            out[r] = h.hexdigest()
+            out[r] = sha256_file(os.path.join(root, r), advance)
     return out
 
 

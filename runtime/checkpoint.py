@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 from typing import Iterator
@@ -79,3 +80,14 @@ def tensor_shapes(path: str, what: str) -> dict[str, tuple[list[int], str]]:
         sl = f.get_slice(name)
         out[name] = (list(sl.get_shape()), sl.get_dtype())
     return out
+
+
+def sha256_file(path: str, advance=None) -> str:
+    """The file's hex sha256, read in 4 MiB chunks; advance(n) after each (a progress bar's)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+            if advance is not None:
+                advance(len(chunk))
+    return h.hexdigest()

