@@ -1,9 +1,16 @@
 """Helpers for the tests that start real servers (dflash-serve, mpirun ranks) on 127.0.0.1."""
 from __future__ import annotations
 
+import socket
 import time
 
 import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_healthy(base: str, proc, log, timeout: float = 300, poll: float = 0.2, what: str = "server") -> None:

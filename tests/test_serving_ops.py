@@ -3,7 +3,6 @@ for new requests, running ones finish or are cut with an error event and [DONE],
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,16 +12,10 @@ import httpx
 import pytest
 
 import tiny
-from serving import wait_healthy
+from serving import free_port, wait_healthy
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import concurrent.futures
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import httpx
 import pytest
 
 import tiny
-from serving import wait_healthy
+from serving import free_port, wait_healthy
 from dflash_trt import LLM, SamplingParams
 
 openai = pytest.importorskip("openai")
@@ -32,12 +31,6 @@ NAME = "tiny-tp"
 MAX_SEQ_LEN = 512
 LEASE_S = 3  # DFLASH_TP_TIMEOUT for the servers here: short, so the tests see it expire (or not)
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
