@@ -33,6 +33,8 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include "invariant.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -267,7 +269,7 @@ static void check_packed(const at::Tensor& packed, int64_t n) {
               packed.size(0));
 }
 
-static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                             const c10::optional<at::Tensor>& bias, int64_t k_splits,
                             const c10::optional<at::Tensor>& wscale) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear: CPU tensors only");
@@ -307,7 +309,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   return y;
 }
 
-static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
+at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
                                     int64_t chunk_end, int64_t k_splits,
                                     const c10::optional<at::Tensor>& wscale) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear_partial: CPU tensors only");
@@ -416,11 +418,11 @@ static std::vector<at::Tensor> norm_impl(const at::Tensor& x, const c10::optiona
   return out;
 }
 
-static at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return norm_impl(x, c10::nullopt, weight, eps)[0];
 }
 
-static std::tuple<at::Tensor, at::Tensor> bi_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+std::tuple<at::Tensor, at::Tensor> bi_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                           const at::Tensor& weight, double eps) {
   auto v = norm_impl(x, residual, weight, eps);
   return {v[0], v[1]};
@@ -428,7 +430,7 @@ static std::tuple<at::Tensor, at::Tensor> bi_add_rms_norm(const at::Tensor& x, c
 
 // ---- silu * mul ------------------------------------------------------------------------------------------
 
-static at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.device().is_cpu(), "bi_silu_mul: CPU tensors only");
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
               "bi_silu_mul: gate and up must match in shape and dtype");
@@ -466,7 +468,7 @@ static at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 
 // ---- paged attention -------------------------------------------------------------------------------------
 
-static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                      const at::Tensor& q_start, const at::Tensor& q_len, const at::Tensor& kv_len,
                                      const at::Tensor& kv_slots, const at::Tensor& kv_offsets, double scale,
                                      bool causal) {
