@@ -27,7 +27,7 @@ import torch
 
 from dflash_trt.plugins.build import load_extension
 
-_SOURCES = ["invariant.cpp", "invariant_layer.cpp"]
+_SOURCE = "invariant.cpp"
 _ops_loaded = False
 
 
@@ -36,7 +36,7 @@ def load() -> None:
     global _ops_loaded
     if _ops_loaded:
         return
-    load_extension("dflash_bi", _SOURCES)
+    load_extension("dflash_bi", [_SOURCE])
     _register_fakes()
     _ops_loaded = True
 

@@ -33,8 +33,6 @@
 #include <immintrin.h>
 #include <omp.h>
 
-#include "invariant.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -269,7 +267,7 @@ static void check_packed(const at::Tensor& packed, int64_t n) {
               packed.size(0));
 }
 
-at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                             const c10::optional<at::Tensor>& bias, int64_t k_splits,
                             const c10::optional<at::Tensor>& wscale) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear: CPU tensors only");
@@ -309,7 +307,7 @@ at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
   return y;
 }
 
-at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
+static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
                                     int64_t chunk_end, int64_t k_splits,
                                     const c10::optional<at::Tensor>& wscale) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear_partial: CPU tensors only");
@@ -418,11 +416,11 @@ static std::vector<at::Tensor> norm_impl(const at::Tensor& x, const c10::optiona
   return out;
 }
 
-at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+static at::Tensor bi_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return norm_impl(x, c10::nullopt, weight, eps)[0];
 }
 
-std::tuple<at::Tensor, at::Tensor> bi_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
+static std::tuple<at::Tensor, at::Tensor> bi_add_rms_norm(const at::Tensor& x, const at::Tensor& residual,
                                                           const at::Tensor& weight, double eps) {
   auto v = norm_impl(x, residual, weight, eps);
   return {v[0], v[1]};
@@ -430,7 +428,7 @@ std::tuple<at::Tensor, at::Tensor> bi_add_rms_norm(const at::Tensor& x, const at
 
 // ---- silu * mul ------------------------------------------------------------------------------------------
 
-at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+static at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   TORCH_CHECK(gate.device().is_cpu(), "bi_silu_mul: CPU tensors only");
   TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
               "bi_silu_mul: gate and up must match in shape and dtype");
@@ -468,7 +466,7 @@ at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
 
 // ---- paged attention -------------------------------------------------------------------------------------
 
-at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                      const at::Tensor& q_start, const at::Tensor& q_len, const at::Tensor& kv_len,
                                      const at::Tensor& kv_slots, const at::Tensor& kv_offsets, double scale,
                                      bool causal) {

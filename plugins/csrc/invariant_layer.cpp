@@ -1,2 +1,0 @@
-// Whole decoder layers composed from the batch-invariant kernels of invariant.cpp (see invariant.h).
-#include "invariant.h"
