@@ -6,9 +6,11 @@ bits (the blocking depends on M), near-ties flip the argmax and greedy outputs d
 every output element with one fixed sequence of fp32 operations that depends only on that element's inputs:
 
 * linear: y[m, n] = tree over k_splits equal contiguous K chunks of (an FMA chain over k ascending, from +0),
-  tree = ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)), then + bias. A tensor-parallel rank owning an aligned block
-  of chunks computes the matching subtree (`linear_partial`), and `tree_sum` of the ranks' partials in rank
-  order is bitwise the full result.
+  tree = ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)), then + bias. Weight panels in fp32, bf16, e4m3 or int8; the
+  8-bit ones are dequantised in registers (code * column scale, rounded once), so a row's result is bitwise
+  that of the fp32 panels of the dequantised weight while a decode step streams one byte per weight. A
+  tensor-parallel rank owning an aligned block of chunks computes the matching subtree (`linear_partial`),
+  and `tree_sum` of the ranks' partials in rank order is bitwise the full result.
 * rms_norm: 16-lane FMA sum of squares, fixed horizontal tree, 1/sqrtf(mean + eps), HF casting rules.
 * silu_mul: one formula per element (own exp), masked vector tails.
 * paged_attention: per (query row, head): 16-lane dot products over D with a fixed horizontal tree, max,
@@ -92,7 +94,8 @@ _BF16_ORDER = torch.tensor([c for j in range(16) for c in (j + 16, j)])
 class PackedLinear:
     """A weight [N, K] as K-major panels of 32 output columns: data [ceil(N/32), K, 32] (N padded with 0).
     fp8 panels (uint8 e4m3 codes) carry scale: float32 [ceil(N/32) * 32], the per-column dequantisation scale
-    times 256 (the kernel widens e4m3 through fp16, which divides by 256 exactly)."""
+    times 256 (the kernel widens e4m3 through fp16, which divides by 256 exactly). int8 panels (torch.int8
+    codes) carry the per-column scale itself."""
     data: torch.Tensor
     n: int
     k: int
@@ -117,6 +120,36 @@ def pack_linear_fp8(weight: torch.Tensor, scale: torch.Tensor) -> PackedLinear:
     assert s.numel() in (1, n), "scale: a scalar or one per output row"
     s = (s.expand(n) if s.numel() == 1 else s) * 256.0
     w = weight.detach().cpu().view(torch.uint8)
+    if p * PANEL != n:
+        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
+        s = torch.cat([s, s.new_zeros(p * PANEL - n)])
+    return PackedLinear(w.view(p, PANEL, k).permute(0, 2, 1).contiguous(), n, k, s.contiguous())
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row symmetric int8: (codes int8 [N, K], scale float32 [N]) with scale = max|w_row| / 127 and
+    codes = w / scale rounded to nearest (ties to even). The dequantised weight is codes.float() * scale[:, None]."""
+    assert weight.dim() == 2, "weight must be [N, K]"
+    w = weight.detach().to(device="cpu", dtype=torch.float32)
+    scale = w.abs().amax(dim=1) / 127.0 if w.shape[1] else w.new_zeros(w.shape[0])
+    div = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: codes 0 whatever the scale
+    q = torch.round(w / div[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def pack_linear_int8(weight: torch.Tensor, scale: torch.Tensor | None = None) -> PackedLinear:
+    """int8 panels (W8A16): 1 byte per weight, dequantised in registers, y bitwise equal to the fp32 kernel on
+    the dequantised weight (codes.float() * scale, one fp32 rounding). weight: a float [N, K] (quantised with
+    quantize_int8), or int8 codes [N, K] with their scale (one per output row)."""
+    if weight.dtype != torch.int8:
+        assert scale is None, "a float weight is quantised here: pass no scale"
+        weight, scale = quantize_int8(weight)
+    assert weight.dim() == 2 and scale is not None, "int8 codes [N, K] need their scale"
+    n, k = weight.shape
+    p = (n + PANEL - 1) // PANEL
+    s = scale.detach().float().cpu().flatten()
+    assert s.numel() == n, "scale: one per output row"
+    w = weight.detach().cpu()
     if p * PANEL != n:
         w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
         s = torch.cat([s, s.new_zeros(p * PANEL - n)])
@@ -209,8 +242,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                                      float(scale), bool(causal))
 
 
-__all__ = ["PackedLinear", "pack_linear", "linear", "linear_partial", "tree_sum", "rms_norm", "add_rms_norm",
-           "silu_mul", "paged_attention", "set_isa", "load"]
+__all__ = ["PackedLinear", "pack_linear", "pack_linear_fp8", "pack_linear_int8", "quantize_int8", "linear",
+           "linear_partial", "tree_sum", "rms_norm", "add_rms_norm", "silu_mul", "paged_attention", "set_isa", "load"]
 
 if os.environ.get("DFLASH_BI_EAGER_LOAD"):
     load()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from .errors import DFlashError
+from .int8_weights import check_weights
 from .spec.config import SpecConfig
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -37,6 +38,9 @@ class EngineConfig:
     # FP8 targets: native FP8 GEMMs (weights and activations in e4m3, as TensorRT-LLM runs them); default: on
     # GPUs with FP8 tensor cores (compute capability >= 8.9), off elsewhere; True forces them (CPU too)
     fp8_compute: bool | None = None
+    # the target's weights on CPU (runtime/int8_weights.py): "auto" (as the checkpoint loads), "bf16", "int8"
+    # or "fp8" (per-channel, quantised at load; fewer bytes per decode step, the logits move by the rounding)
+    weights: str = "auto"
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True
     # share the cache blocks of common prompt prefixes between requests (kv_cache.BlockManager); None: on where
@@ -56,6 +60,10 @@ class EngineConfig:
             raise DFlashError("max_batch_size, max_num_tokens and max_seq_len must be positive")
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        check_weights(self.weights)
+        if self.weights != "auto" and not (str(self.device).startswith("cpu") and self.invariant_kernels):
+            raise DFlashError(f"weights={self.weights!r} packs the batch-invariant CPU kernels' weights: it needs "
+                              "device cpu with invariant_kernels on (or weights='auto')")
         if self.linear_rollback not in ("auto", "states", "inputs"):
             raise DFlashError(f"linear_rollback must be auto, states or inputs, got {self.linear_rollback!r}")
         if self.tp_size is not None and (not isinstance(self.tp_size, int) or self.tp_size < 1):

@@ -231,7 +231,8 @@ def _param_bytes(module) -> str:
 
 def prepare_for_device(target, drafter, paths: ModelPaths, cfg, sharded: bool = False) -> tuple[int, bool]:
     """What the loaded models become for this device: packed weights for the batch-invariant CPU kernels, FP8
-    weights kept in FP8 (or native FP8 GEMMs), the drafter's draft vocabulary. Returns (FP8 linears, native)."""
+    weights kept in FP8 (or native FP8 GEMMs), the target's `weights` format, the drafter's draft vocabulary.
+    Returns (FP8 linears, native)."""
     from . import ops
     from .draft_vocab import load_draft_vocab
     from .fp8_weights import keep_fp8_weights, use_fp8_matmul
@@ -246,6 +247,11 @@ def prepare_for_device(target, drafter, paths: ModelPaths, cfg, sharded: bool = 
         native = cfg.fp8_compute if cfg.fp8_compute is not None else ops.fp8_matmul_available(cfg.device)
         fp8 = (use_fp8_matmul(target, paths.target), True) if native else (keep_fp8_weights(target, paths.target),
                                                                           False)
+    if cfg.weights != "auto":  # fewer bytes per weight than the checkpoint's (int8_weights.py)
+        from .int8_weights import repack_target
+
+        n = repack_target(target, cfg.weights, sharded)
+        stage(f"packed {n} target linears as {cfg.weights} weights")
     if drafter is not None and not sharded and cfg.draft_vocab:  # TP keeps the vocab-split head
         ids = load_draft_vocab(paths.draft, target.cfg.vocab_size)
         if ids is not None:

@@ -225,6 +225,10 @@ def _everything(seed=50):
         pk = bi.pack_linear(w, wd)
         out += [bi.linear(x, pk, b), bi.linear(x[:1], pk), bi.linear(x, pk, k_splits=8),
                 bi.linear_partial(x, pk, 2, 4, 4), bi.linear(x.to(torch.bfloat16), pk, b)]
+    p8 = bi.pack_linear_int8(w)  # int8 panels: the codes widened and scaled in registers
+    out += [bi.linear(x, p8, b), bi.linear(x[:1], p8), bi.linear(x, p8, k_splits=8), bi.linear_partial(x, p8, 2, 4, 4),
+            bi.linear(x.to(torch.bfloat16), p8, b)]
+    out.append(bi.linear(_randn(5, 101, seed=seed + 3), bi.pack_linear_int8(_randn(77, 101, seed=seed + 4))))
     out.append(bi.linear(_randn(5, 101, seed=seed + 3), bi.pack_linear(_randn(77, 101, seed=seed + 4))))
     out.append(bi.linear(_randn(5, 101, seed=seed + 3, dtype=torch.bfloat16),
                          bi.pack_linear(_randn(77, 101, seed=seed + 4), torch.bfloat16), _randn(77, seed=seed + 5)))

@@ -43,16 +43,18 @@
 
 namespace bi {
 
-enum DType : int { F32 = 0, BF16 = 1, F8 = 2 };  // F8: float8_e4m3fn weights (linear only)
+// F8: float8_e4m3fn weights, I8: int8 weights with a per-column scale (linear only)
+enum DType : int { F32 = 0, BF16 = 1, F8 = 2, I8 = 3 };
 
 struct LinParams {
   const float* x;   // [M, ldx] fp32
   int64_t ldx;
   int64_t xk0;      // column of x where the first chunk starts
   const void* w;    // packed panels: f32 [P][K][32], bf16 pairs [P][K][16] (u32 = hi:col j, lo:col j+16)
-                    // or e4m3 bytes [P][K][32]
+                    // or e4m3 / int8 bytes [P][K][32]
   int wt;
-  const float* ws;  // F8 only: per-column scale * 256 [P * 32] (weight = e4m3/256 * ws, one rounding)
+  const float* ws;  // F8: per-column scale * 256 [P * 32] (weight = e4m3/256 * ws, one rounding);
+                    // I8: per-column scale [P * 32] (weight = q * ws, one rounding)
   int64_t K;        // packed K (panel length)
   int64_t wk0;      // k of the packed weights where the first chunk starts
   int64_t N;        // true output columns
@@ -247,15 +249,18 @@ static at::Tensor x_as_f32(const at::Tensor& x) {
 
 static int weight_code(const at::Tensor& packed) {
   if (packed.scalar_type() == at::kByte) return F8;
+  if (packed.scalar_type() == at::kChar) return I8;
   return dtype_code(packed, "packed weight");
 }
 
-// F8 panels need their per-column scales (times 256): returns a pointer to them, or null for f32/bf16
+// F8 / I8 panels need their per-column scales: returns a pointer to them, or null for f32/bf16
 static const float* weight_scale(const at::Tensor& packed, const c10::optional<at::Tensor>& wscale) {
-  if (weight_code(packed) != F8) return nullptr;
+  const int wt = weight_code(packed);
+  if (wt != F8 && wt != I8) return nullptr;
   TORCH_CHECK(wscale.has_value() && wscale->defined() && wscale->scalar_type() == at::kFloat &&
                   wscale->is_contiguous() && wscale->numel() == packed.size(0) * 32,
-              "bi: an fp8 packed weight needs its float32 [P * 32] scale (use pack_linear)");
+              "bi: an ", wt == F8 ? "fp8" : "int8", " packed weight needs its float32 [P * 32] scale (use ",
+              wt == F8 ? "pack_linear_fp8" : "pack_linear_int8", ")");
   return wscale->data_ptr<float>();
 }
 
@@ -653,6 +658,11 @@ BI_INLINE void vload_f8x32(const uint8_t* p, V16& c0, V16& c1) {
   c0.v = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
   c1.v = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
 }
+// 32 int8 codes -> fp32, exactly
+BI_INLINE void vload_i8x32(const uint8_t* p, V16& c0, V16& c1) {
+  c0.v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  c1.v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+}
 BI_INLINE V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 BI_INLINE V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 BI_INLINE V16 vsub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
@@ -759,6 +769,13 @@ BI_INLINE void vload_f8x32(const uint8_t* p, V16& c0, V16& c1) {
   c0 = f8_half16(p);
   c1 = f8_half16(p + 16);
 }
+BI_INLINE __m256 i8x8(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+BI_INLINE void vload_i8x32(const uint8_t* p, V16& c0, V16& c1) {  // 32 int8 codes -> fp32, exactly
+  c0 = {i8x8(p), i8x8(p + 8)};
+  c1 = {i8x8(p + 16), i8x8(p + 24)};
+}
 BI_INLINE V16 vfma(V16 a, V16 b, V16 c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
@@ -830,6 +847,12 @@ BI_INLINE void vload_f8x32(const uint8_t* p, V16& c0, V16& c1) {
   for (int i = 0; i < 16; ++i) {
     c0.v[i] = f8_div256(p[i]);
     c1.v[i] = f8_div256(p[16 + i]);
+  }
+}
+BI_INLINE void vload_i8x32(const uint8_t* p, V16& c0, V16& c1) {
+  for (int i = 0; i < 16; ++i) {
+    c0.v[i] = (float)(int8_t)p[i];
+    c1.v[i] = (float)(int8_t)p[16 + i];
   }
 }
 BI_INLINE V16 vfma(V16 a, V16 b, V16 c) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return r; }
@@ -911,9 +934,9 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
     for (int j = 0; j < NP; ++j)
       for (int h = 0; h < 2; ++h)
         acc[m][j][h] = vzero();
-  if (WK == bi::F8) {
+  if (WK == bi::F8 || WK == bi::I8) {
     const uint8_t* wp[NP];
-    V16 sc[NP][2];  // per-column scale * 256
+    V16 sc[NP][2];  // per-column scale (* 256 for e4m3)
     for (int j = 0; j < NP; ++j) {
       wp[j] = (const uint8_t*)w + j * panel_stride;
       sc[j][0] = vload(p.ws + (pn0 + j) * 32);
@@ -923,8 +946,9 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
     for (int64_t k = 0; k < len; ++k) {
       V16 b[NP][2];
       for (int j = 0; j < NP; ++j) {
-        vload_f8x32(wp[j] + k * 32, b[j][0], b[j][1]);
-        b[j][0] = vmul(b[j][0], sc[j][0]);  // = e4m3 value * scale, rounded once: the dequantised weight
+        if (WK == bi::F8) vload_f8x32(wp[j] + k * 32, b[j][0], b[j][1]);
+        else vload_i8x32(wp[j] + k * 32, b[j][0], b[j][1]);
+        b[j][0] = vmul(b[j][0], sc[j][0]);  // = code value * scale, rounded once: the dequantised weight
         b[j][1] = vmul(b[j][1], sc[j][1]);
       }
       for (int m = 0; m < MR; ++m) {
@@ -1056,10 +1080,11 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
   const int64_t kx = cl * nch;
   int64_t mb = (768 * 1024) / (4 * std::max<int64_t>(kx, 1));
   mb = std::max<int64_t>(MR_MAX, (mb / MR_MAX) * MR_MAX);
-  // bytes of one k of a panel: 32 floats, 16 u32 bf16 pairs, or 32 e4m3 bytes; the kernels' panel stride is
-  // in elements of their pointer type (4 bytes, 4 bytes, 1 byte)
+  // bytes of one k of a panel: 32 floats, 16 u32 bf16 pairs, or 32 e4m3 / int8 bytes; the kernels' panel
+  // stride is in elements of their pointer type (4 bytes, 4 bytes, 1 byte)
+  const bool bytes = p.wt == bi::F8 || p.wt == bi::I8;
   const int64_t kbytes = p.wt == bi::F32 ? 128 : (p.wt == bi::BF16 ? 64 : 32);
-  const int64_t pstride = p.K * (p.wt == bi::F8 ? 32 : kbytes / 4);
+  const int64_t pstride = p.K * (bytes ? 32 : kbytes / 4);
   thread_local std::vector<float> xbuf, abuf;
   for (int64_t b0 = m0; b0 < m1; b0 += mb) {
     const int64_t rows = std::min(mb, m1 - b0);
@@ -1089,8 +1114,12 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
       int np = np_of(extra ? base + 1 : base, (int)std::min<int64_t>(npw, pn1 - g));
       np = std::min(np, np_of(base, np));
       auto pick = [&](int mr) {
-        return p.wt == bi::F8 ? lin_pick<bi::F8>(mr, np)
-                              : (p.wt == bi::BF16 ? lin_pick<bi::BF16>(mr, np) : lin_pick<bi::F32>(mr, np));
+        switch (p.wt) {
+          case bi::F8: return lin_pick<bi::F8>(mr, np);
+          case bi::I8: return lin_pick<bi::I8>(mr, np);
+          case bi::BF16: return lin_pick<bi::BF16>(mr, np);
+          default: return lin_pick<bi::F32>(mr, np);
+        }
       };
       LinKernelFn fk[2] = {pick(base), pick(base + 1)};
       const char* wg = (const char*)p.w + g * p.K * kbytes;

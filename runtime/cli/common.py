@@ -47,7 +47,8 @@ def add_engine_args(p, default_max_tokens: int = 256, tensor_parallel: bool = Fa
 
 
 def add_load_args(p) -> None:
-    """KV-cache size and load-time checks: dflash-generate, dflash-serve and dflash-bench."""
+    """KV-cache size, the target's weight format and load-time checks: dflash-generate, dflash-serve and
+    dflash-bench."""
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--kv-cache-bytes", type=byte_size, metavar="SIZE", help="KV cache bytes, target and drafter "
                     "pools together (512M, 4G, 2GiB or a number; default: max-batch-size sequences of max-seq-len, "
@@ -57,6 +58,9 @@ def add_load_args(p) -> None:
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None, help="share the "
                    "cache blocks of common prompt prefixes between requests (default: on, except for targets no "
                    "shared block can serve: hybrid linear-attention and sliding-window pools)")
+    p.add_argument("--weights", metavar="FORMAT", help="the target's weights on CPU: auto (as the checkpoint "
+                   "loads; default) | bf16 | int8 | fp8 (int8 and fp8: per-channel, quantised at load; 1 byte per "
+                   "weight; the drafter keeps its own)")
     p.add_argument("--verify-files", choices=("sha256", "size", "none"), default="sha256", help="before loading: "
                    "sha256 (default): an engine directory's target/ and draft/ files against engine.json, and "
                    "every weights file's size against its header; size: the sizes only; none: nothing (trusted "
@@ -84,6 +88,8 @@ def load_kwargs(args) -> dict:
         kw["kv_cache_bytes"] = args.kv_cache_bytes
     if args.kv_cache_fraction is not None:
         kw["kv_cache_fraction"] = args.kv_cache_fraction
+    if args.weights is not None:  # checked by EngineConfig, in one line
+        kw["weights"] = args.weights
     return kw
 
 

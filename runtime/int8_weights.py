@@ -1,0 +1,86 @@
+"""The target's weights in fewer bytes on CPU, chosen at load: `weights=` (EngineConfig) / `--weights`.
+
+A memory-bound decode step reads every weight once, so its time follows the weight bytes. After the
+batch-invariant kernels have packed the target (4 bytes per weight from an fp32 checkpoint), its linears and
+its head (lm_head, or the tied embedding matrix as a head) are packed again:
+
+- "int8": per-output-channel symmetric int8 (scale = max|w_row| / 127, round to nearest), 1 byte per weight,
+  dequantised in registers inside the same linear kernel (W8A16: activations and accumulation stay fp32).
+- "fp8": per-output-channel e4m3 (scale = max|w_row| / 448, round to nearest even), the panels FP8
+  checkpoints keep (fp8_weights.py), 1 byte per weight.
+- "bf16": the weights rounded once to bf16 (round to nearest even), 2 bytes per weight.
+- "auto": as the checkpoint loads (fp32 panels, bf16 panels for bf16-valued weights, kept FP8 checkpoints).
+
+Every one of them is bitwise the fp32 kernel on its dequantised weight, whatever the batch, so greedy DFlash
+stays token-identical to AR at the same setting; the logits move by the format's rounding of the weights (what
+it costs: benchmarks/quantized_agreement.py --weights). Embeddings looked up by token, norms and the drafter's
+own layers keep the checkpoint's values (the drafter shares the target's head, as always). Linears a kept FP8
+checkpoint already holds in FP8 stay as they are. Under tensor parallelism only "bf16" applies: a row-parallel
+shard's rows are slices, and per-row scales of slices would differ from the unsharded model's.
+"""
+from __future__ import annotations
+
+import torch
+
+from .errors import DFlashError
+
+WEIGHTS = ("auto", "bf16", "int8", "fp8")
+E4M3_MAX = 448.0
+
+
+def check_weights(mode: str) -> None:
+    if mode not in WEIGHTS:
+        raise DFlashError(f"weights (--weights) must be one of {', '.join(WEIGHTS)}, got {mode!r}")
+
+
+def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row e4m3: (codes float8_e4m3fn [N, K], scale float32 [N]), scale = max|w_row| / 448."""
+    w = weight.detach().to(device="cpu", dtype=torch.float32)
+    scale = w.abs().amax(dim=1) / E4M3_MAX if w.shape[1] else w.new_zeros(w.shape[0])
+    div = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (w / div[:, None]).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def _packer(mode: str):
+    from .plugins import invariant as bi
+
+    if mode == "int8":
+        return bi.pack_linear_int8
+    if mode == "fp8":
+        return lambda w: bi.pack_linear_fp8(*quantize_fp8(w))
+    return lambda w: bi.pack_linear(w, torch.bfloat16)
+
+
+def repack_target(target, mode: str, sharded: bool = False) -> int:
+    """Re-pack the packed target's fp32/bf16 linears and head as `mode`; returns how many linears (head
+    included). The linears' unpacked copies are freed; the head's stays (the drafter's draft vocabulary
+    slices it)."""
+    from .models.target import Linear
+
+    check_weights(mode)
+    if mode == "auto":
+        return 0
+    if getattr(target, "head_packed", None) is None:
+        raise DFlashError(f"weights={mode!r} repacks the batch-invariant CPU kernels' weights, which this target "
+                          "does not use here: run on device cpu with invariant_kernels on, or weights='auto'")
+    if sharded and mode != "bf16":
+        raise DFlashError(f"weights={mode!r} is not available under tensor parallelism (per-row scales of a "
+                          "row-parallel shard differ from the whole model's): use weights 'bf16' or 'auto', or one "
+                          "rank")
+    pack = _packer(mode)
+    head = getattr(target, "lm_head", None)
+    count = 0
+    for m in target.modules():
+        if not (isinstance(m, Linear) and m.packed is not None and m.weight.numel()
+                and m.packed.dtype in (torch.float32, torch.bfloat16)):
+            continue  # unpacked, or kept FP8 already
+        m.packed = pack(m.weight.data)
+        if m is not head:
+            m.weight.data = torch.empty(0, dtype=m.weight.dtype)  # only the panels are used now
+        count += 1
+    if head is not None and head.packed is not None:
+        target.head_packed = head.packed
+    else:
+        target.head_packed = pack(target.head_weight.data)
+        count += 1
+    return count
