@@ -22,9 +22,10 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16, vocab=None) -> None:
+def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16, vocab=None, recipe: dict | None = None) -> None:
     """z-lab format: config.json + model.safetensors (no `model.` prefix, no embedding/head), atomically;
-    plus draft_vocab.safetensors (the tokens the labels used) when training scored only those."""
+    plus draft_vocab.safetensors (the tokens the labels used) when training scored only those, and the run's
+    recipe options (recipe.json, for a model card)."""
     from safetensors.torch import save_file
 
     cfg = dict(drafter.cfg.raw)
@@ -41,6 +42,10 @@ def export_drafter(drafter, out_dir: str, dtype=torch.bfloat16, vocab=None) -> N
     with open(os.path.join(out_dir, "config.json.tmp"), "w") as f:
         json.dump(cfg, f, indent=2)
     os.replace(os.path.join(out_dir, "config.json.tmp"), os.path.join(out_dir, "config.json"))
+    if recipe is not None:
+        with open(os.path.join(out_dir, "recipe.json.tmp"), "w") as f:
+            json.dump(recipe, f, indent=1)
+        os.replace(os.path.join(out_dir, "recipe.json.tmp"), os.path.join(out_dir, RECIPE_FILE))
     if vocab is not None:
         from ..draft_vocab import save_draft_vocab
         save_draft_vocab(out_dir, vocab, "dflash-train: the tokens its training labels used")
@@ -79,6 +84,100 @@ def split_rule(out: str, asked: str | None, resume: bool) -> dict:
         return {"rule": "first"}
     name = asked or "tasks"
     return {"rule": name, "salt": SALT, "fractions": FRACTIONS} if name == "tasks" else {"rule": name}
+
+
+RECIPE_FILE = "recipe.json"  # the recipe options of a run, fixed at its start (resumes keep them)
+RECIPE_DEFAULTS = {"loss_weights": "exp", "gamma": None, "dpace_alpha": 0.5, "schedule": "cosine",
+                   "warmup_frac": 0.04, "decay_frac": 0.2, "autocast": None, "init_from": None}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def run_recipe(args, out: str, resume: bool, device: torch.device) -> dict:
+    """The recipe options of this run: what OUTPUT/recipe.json recorded (a flag that asks otherwise is refused),
+    else the flags given over RECIPE_DEFAULTS. autocast resolves to the device's default: bf16 on a GPU, float32
+    on a CPU."""
+    asked = {k: getattr(args, k) for k in RECIPE_DEFAULTS if getattr(args, k) is not None}
+    path = os.path.join(out, RECIPE_FILE)
+    if resume and os.path.isfile(path):
+        with open(path) as f:
+            rec = json.load(f)
+        for k, v in asked.items():
+            if k != "init_from" and v != rec.get(k, RECIPE_DEFAULTS[k]):
+                raise DFlashError(f"{out} was trained with {_flag(k)} {rec.get(k)} ({path}): drop {_flag(k)} {v}, "
+                                  "or start a new --output")
+        return dict(RECIPE_DEFAULTS, **rec)
+    rec = dict(RECIPE_DEFAULTS, **asked)
+    if rec["autocast"] is None:
+        rec["autocast"] = "bf16" if device.type == "cuda" else "float32"
+    if rec["loss_weights"] == "dpace" and rec["gamma"] is not None:
+        raise DFlashError("--gamma sets the exp position weights: drop it, or use --loss-weights exp")
+    if rec["loss_weights"] == "exp" and "dpace_alpha" in asked:
+        raise DFlashError("--dpace-alpha sets the D-PACE position weights: drop it, or use --loss-weights dpace")
+    if not 0.0 < rec["dpace_alpha"] <= 1.0:
+        raise DFlashError(f"--dpace-alpha {rec['dpace_alpha']}: give a value in (0, 1] (0.5 usual)")
+    if rec["gamma"] is not None and rec["gamma"] <= 0:
+        raise DFlashError(f"--gamma {rec['gamma']}: give a positive value (4 for block 8, 7 for block 16 usual)")
+    for k in ("warmup_frac", "decay_frac"):
+        if not 0.0 <= rec[k] <= 1.0:
+            raise DFlashError(f"{_flag(k)} {rec[k]}: give a fraction of --max-steps in [0, 1]")
+    if rec["schedule"] == "wsd" and rec["warmup_frac"] + rec["decay_frac"] > 1.0:
+        raise DFlashError(f"--warmup-frac {rec['warmup_frac']} + --decay-frac {rec['decay_frac']} exceed the whole "
+                          "schedule: make them add to 1 or less")
+    if rec["schedule"] == "cosine" and "decay_frac" in asked:
+        raise DFlashError("--decay-frac sets the cooldown of --schedule wsd: drop it, or add --schedule wsd")
+    if rec["init_from"] is not None:
+        rec["init_from"] = os.path.abspath(rec["init_from"])
+    return rec
+
+
+def init_from_defaults(args) -> None:
+    """--init-from DIR: the drafter shape flags not given are the source drafter's (block size included: the
+    weights do not depend on it, so a different --block-size is allowed)."""
+    from ..config import DraftConfig
+
+    src = args.init_from
+    if not os.path.isfile(os.path.join(src, "config.json")):
+        raise DFlashError(f"--init-from {src}: no drafter there (config.json missing): give a drafter directory, "
+                          "e.g. OUTPUT/drafter of another run")
+    scfg = DraftConfig.from_dir(src)
+    if args.block_size is None:
+        args.block_size = scfg.block_size
+    if args.num_layers is None:
+        args.num_layers = scfg.num_hidden_layers
+    if args.target_layer_ids is None:
+        args.target_layer_ids = list(scfg.target_layer_ids)
+    if args.mask_token_id is None:
+        args.mask_token_id = scfg.mask_token_id
+
+
+def copy_init_weights(src: str, init_dir: str) -> None:
+    """Replace the fresh drafter in init_dir with src's weights, refused in one line unless every tensor of the
+    drafter init_dir describes is in src with the same shape and src reads the same target layers."""
+    from safetensors.torch import save_file
+
+    from ..checkpoint import load_state_dict
+    from ..config import DraftConfig
+
+    own = load_state_dict(init_dir, "drafter")
+    theirs = {(k[6:] if k.startswith("model.") else k): v for k, v in load_state_dict(src, "drafter").items()}
+    ids_src, ids_own = DraftConfig.from_dir(src).target_layer_ids, DraftConfig.from_dir(init_dir).target_layer_ids
+    if list(ids_src) != list(ids_own):
+        raise DFlashError(f"--init-from {src} reads target layers {list(ids_src)}, this run {list(ids_own)}: drop "
+                          "--target-layer-ids, or start from random weights")
+    for k, v in own.items():
+        if k not in theirs or tuple(theirs[k].shape) != tuple(v.shape):
+            got = list(theirs[k].shape) if k in theirs else "nothing"
+            raise DFlashError(f"--init-from {src} does not fit this run's drafter: {k} is {got} there, "
+                              f"{list(v.shape)} here: drop --num-layers / --target-layer-ids, or start from random "
+                              "weights")
+    extra = sorted(k for k in theirs if k not in own and not k.startswith(("embed_tokens", "lm_head")))
+    if extra:
+        raise DFlashError(f"--init-from {src} does not fit this run's drafter: {extra[0]} has no place here: drop "
+                          "--num-layers, or start from random weights")
+    save_file({k: theirs[k].to(torch.float32).contiguous() for k in own}, os.path.join(init_dir, "model.safetensors"))
 
 
 def check_block_size(args, tcfg) -> None:
@@ -170,8 +269,8 @@ def main(argv=None) -> int:
                                        "... (docs/training.md).")
     p.add_argument("--target", help="Hugging Face target directory (default: the embedded SmolLM2-135M)")
     p.add_argument("--output", required=True, help="directory for the drafter, checkpoints and logs")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-layers", type=int, default=3)
+    p.add_argument("--block-size", type=int, help="default 16, or the --init-from drafter's")
+    p.add_argument("--num-layers", type=int, help="default 3, or the --init-from drafter's")
     p.add_argument("--target-layer-ids", type=int, nargs="+")
     p.add_argument("--mask-token-id", type=int)
     p.add_argument("--data", help="JSONL of {prompt_ids, output_ids}, chat `messages` / ShareGPT `conversations`, "
@@ -198,6 +297,22 @@ def main(argv=None) -> int:
     p.add_argument("--time-budget", type=float, help="minutes of training (this run included, resumes add)")
     p.add_argument("--session-minutes", type=float, help="stop this invocation after M minutes (resume later)")
     p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--schedule", choices=("cosine", "wsd"),
+                   help="learning rate after --warmup-frac: cosine to 0 (default), or wsd: constant, then a linear "
+                        "decay to 0 over the last --decay-frac of --max-steps")
+    p.add_argument("--warmup-frac", type=float, help="linear warmup over this fraction of --max-steps (0.04)")
+    p.add_argument("--decay-frac", type=float, help="--schedule wsd: the cooldown's fraction of --max-steps (0.2)")
+    p.add_argument("--loss-weights", choices=("exp", "dpace"),
+                   help="weights of a block's rows: exp(-(k-1)/gamma) (default), or dpace: the drafter's own "
+                        "confidence in the rows before (D-PACE, NVIDIA ModelOpt's default)")
+    p.add_argument("--gamma", type=float, help="--loss-weights exp: gamma (default 4 for block 8, 5 for 10, 7 for 16, "
+                                               "else block/2)")
+    p.add_argument("--dpace-alpha", type=float, help="--loss-weights dpace: confidence smoothing in (0, 1] (0.5)")
+    p.add_argument("--autocast", choices=("bf16", "float32"),
+                   help="the drafter's forward in bfloat16 autocast (default on cuda) or float32 (default on cpu)")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start a new run from this drafter's weights (e.g. runtime/assets/smollm2-dflash) instead "
+                        "of the target's top layers; --block-size may differ from its own; --resume ignores it")
     p.add_argument("--anchors-per-seq", type=int, default=48)
     p.add_argument("--seqs-per-step", type=int, default=4,
                    help="sequences per optimizer step over all ranks (a multiple of the number of ranks)")
@@ -260,6 +375,22 @@ def _train(args, group) -> int:
     from .training.online import OnlineFeatures, choose_mode
     from .training.trainer import TrainConfig, Trainer
 
+    out = args.output
+    if os.path.isdir(out) and os.listdir(out) and not args.resume:
+        raise DFlashError(f"{out} is not empty: pass --resume to continue that run, or choose a new --output")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise DFlashError(f"--output {out} is a file: give a directory")
+    init_dir = os.path.join(out, "init")
+    fresh = not os.path.isfile(os.path.join(init_dir, "config.json"))
+    if args.init_from and not fresh:
+        log(f"--init-from {args.init_from} ignored: {out} continues from its own checkpoint")
+        args.init_from = None
+    recipe = run_recipe(args, out, args.resume, device)
+    if fresh and recipe["init_from"]:
+        args.init_from = recipe["init_from"]
+        init_from_defaults(args)
+    args.block_size = 16 if args.block_size is None else args.block_size
+    args.num_layers = 3 if args.num_layers is None else args.num_layers
     target_dir = args.target
     if target_dir is None:
         from ..embedded import EMBEDDED_MASK_ID, ensure_target
@@ -267,13 +398,7 @@ def _train(args, group) -> int:
         if args.mask_token_id is None:
             args.mask_token_id = EMBEDDED_MASK_ID
     tcfg = TargetConfig.from_dir(target_dir)
-    out = args.output
-    if os.path.isdir(out) and os.listdir(out) and not args.resume:
-        raise DFlashError(f"{out} is not empty: pass --resume to continue that run, or choose a new --output")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise DFlashError(f"--output {out} is a file: give a directory")
-    init_dir = os.path.join(out, "init")
-    if not os.path.isfile(os.path.join(init_dir, "config.json")):
+    if fresh:
         check_block_size(args, tcfg)
     data = args.data or os.path.join(out, "data.jsonl")
     records = user = None
@@ -304,6 +429,13 @@ def _train(args, group) -> int:
                 init_drafter_from_target(target_dir, init_dir, num_layers=args.num_layers,
                                          block_size=args.block_size, mask_token_id=args.mask_token_id,
                                          target_layer_ids=args.target_layer_ids)
+                if recipe["init_from"]:
+                    copy_init_weights(recipe["init_from"], init_dir)
+                    log(f"starting from the weights of {recipe['init_from']} (block size {args.block_size})")
+            if not os.path.isfile(os.path.join(out, RECIPE_FILE)):
+                created.append(os.path.join(out, RECIPE_FILE))
+                with open(os.path.join(out, RECIPE_FILE), "w") as f:
+                    json.dump(recipe, f, indent=1)
             if not os.path.isfile(os.path.join(out, SPLIT_FILE)):
                 created.append(os.path.join(out, SPLIT_FILE))
                 with open(os.path.join(out, SPLIT_FILE), "w") as f:
@@ -353,7 +485,11 @@ def _train(args, group) -> int:
                       seqs_per_step=args.seqs_per_step, lr=args.lr, max_steps=args.max_steps,
                       time_budget_min=args.time_budget, session_min=args.session_minutes,
                       eval_every=args.eval_every, save_every=args.save_every, seed=args.seed,
-                      full_head=args.full_head, log_every=args.log_every)
+                      full_head=args.full_head, log_every=args.log_every, loss_weights=recipe["loss_weights"],
+                      gamma=recipe["gamma"], dpace_alpha=recipe["dpace_alpha"], schedule=recipe["schedule"],
+                      warmup_frac=recipe["warmup_frac"], decay_frac=recipe["decay_frac"],
+                      autocast=recipe["autocast"])
+    log("recipe: " + ", ".join(f"{_flag(k)} {v}" for k, v in recipe.items() if v is not None))
     embed_w = target.model.embed_tokens.weight.detach()
     head_w = target.head_weight.detach()
     trainer = Trainer(drafter, embed_w, head_w, train_seqs, cfg, os.path.join(out, "checkpoint"), log=log,
@@ -361,7 +497,7 @@ def _train(args, group) -> int:
     if args.resume:
         trainer.resume()
     final = os.path.join(out, "drafter")
-    stopped = trainer.run(lambda d: export_drafter(d, final, vocab=trainer.vocab), eval_seqs,
+    stopped = trainer.run(lambda d: export_drafter(d, final, vocab=trainer.vocab, recipe=recipe), eval_seqs,
                           progress=args.progress or sys.stderr.isatty())
     if stopped:
         # not 0: a script must tell a run cut short from a finished one (128 + signal, as a shell reports it)

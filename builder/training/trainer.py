@@ -2,7 +2,8 @@
 
 Per sequence: anchors a are committed positions of the response; block a is [x_a, MASK x (B-1)] at positions
 a..a+B-1; its queries see context rows strictly before a and every row of their own block (bidirectional),
-nothing of other blocks; row k is trained on x_{a+k} (same position) with weight exp(-(k-1)/gamma).
+nothing of other blocks; row k is trained on x_{a+k} (same position) with weight exp(-(k-1)/gamma), or with
+D-PACE weights (dpace_weights) that follow the drafter's own confidence in the block's earlier rows.
 Only fc, hidden_norm, the layers and norm train; the target's embedding and head are frozen.
 
 On a CPU the frozen head dominates a step (49K rows for SmolLM2), so training scores only the head rows of
@@ -38,6 +39,17 @@ GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 def position_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
     g = gamma or GAMMA.get(block_size, block_size / 2)
     return torch.exp(-torch.arange(block_size - 1, dtype=torch.float32) / g)
+
+
+def dpace_weights(ce: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE position weights [N, K] (no gradient) from the rows' cross-entropy [N, K]: with the confidence
+    q_k = exp(-ce_k) smoothed to alpha + (1 - alpha) q_k, C_k is the product of the smoothed confidences of rows
+    1..k (the chance the draft survives to row k) and row k weighs sum_{m >= k} C_m, the expected accepted length
+    the rows from k on still hold. Rows without a label count as certain and weigh nothing."""
+    with torch.no_grad():
+        q = torch.where(valid, alpha + (1.0 - alpha) * torch.exp(-ce.float()), torch.ones_like(ce, dtype=torch.float32))
+        c = torch.cumprod(q, -1) * valid
+        return c.flip(-1).cumsum(-1).flip(-1)
 
 
 def block_attention_mask(anchors: torch.Tensor, ctx_len: int, block_size: int) -> torch.Tensor:
@@ -176,14 +188,18 @@ def linear_cross_entropy(hidden: torch.Tensor, head_w: torch.Tensor, labels: tor
     return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
 
 
-def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head_w: torch.Tensor, weights: torch.Tensor,
-               output_multiplier: float = 1.0, chunk: int | None = None):
-    """Weighted same-position cross-entropy; also returns per-row correctness for acceptance estimates."""
+def block_loss(hidden: torch.Tensor, labels: torch.Tensor, head_w: torch.Tensor, weights: torch.Tensor | None,
+               output_multiplier: float = 1.0, chunk: int | None = None, dpace_alpha: float | None = None):
+    """Weighted same-position cross-entropy; also returns per-row correctness for acceptance estimates.
+    weights: fixed per-position weights; dpace_alpha: D-PACE weights from each block's own rows instead."""
     n, k, hdim = hidden.shape
     ce, pred = linear_cross_entropy(hidden.reshape(-1, hdim), head_w, labels.reshape(-1), output_multiplier, chunk)
     ce = ce.view(n, k)
-    valid = (labels != -100).float()
-    w = weights.to(ce.device)[None, :k] * valid
+    valid = labels != -100
+    if dpace_alpha is not None:
+        w = dpace_weights(ce.detach(), valid, dpace_alpha)
+    else:
+        w = weights.to(ce.device)[None, :k] * valid.float()
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
     correct = (pred.view(n, k) == labels) & (labels != -100)
     return loss, correct
@@ -236,22 +252,36 @@ class TrainConfig:
     seed: int = 0
     full_head: bool = False  # score all vocabulary rows in training, not only the tokens labels use
     log_every: int = 10
+    loss_weights: str = "exp"  # exp: exp(-(k-1)/gamma); dpace: dpace_weights
+    gamma: float | None = None  # None: GAMMA of the block size
+    dpace_alpha: float = 0.5
+    schedule: str = "cosine"  # cosine: warmup then cosine to 0; wsd: warmup, constant, linear decay to 0
+    decay_frac: float = 0.2  # wsd: the last decay_frac of max_steps decay
+    autocast: str | None = None  # "bf16" or "float32"; None: bf16 on a GPU, float32 on a CPU
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
+    """The learning rate of step `step` (0-based). wsd decays linearly from the full rate at step
+    max_steps - D to lr / D at the last step, D = decay_frac * max_steps: the cooldown ends the schedule, so a
+    run stopped there is ready to ship."""
     warm = max(1, int(cfg.warmup_frac * cfg.max_steps))
     if step < warm:
         return cfg.lr * (step + 1) / warm
+    if getattr(cfg, "schedule", "cosine") == "wsd":
+        decay = max(1, int(round(cfg.decay_frac * cfg.max_steps)))
+        return cfg.lr * min(1.0, max(0.0, (cfg.max_steps - step) / decay))
     p = min(1.0, (step - warm) / max(1, cfg.max_steps - warm))
     return cfg.lr * 0.5 * (1 + math.cos(math.pi * p))
 
 
-def autocast(device):
-    """bfloat16 autocast on a GPU (the drafter's master weights stay float32 for AdamW); nothing on a CPU, whose
-    float32 results the tests pin."""
+def autocast(device, dtype: str | None = None):
+    """bfloat16 autocast of the drafter's forward (its master weights stay float32 for AdamW). dtype None: on a
+    GPU, and not on a CPU, whose float32 results the tests pin; "bf16" / "float32" ask for it on any device."""
     device = torch.device(device)
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if dtype is None:
+        dtype = "bf16" if device.type == "cuda" else "float32"
+    if dtype == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -363,7 +393,8 @@ class Trainer:
             dist.broadcast(self.params)
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
         self.step, self.elapsed, self.history = 0, 0.0, []
-        self.weights = position_weights(drafter.cfg.block_size).to(self.dev)
+        self.weights = position_weights(drafter.cfg.block_size, cfg.gamma).to(self.dev)
+        self.dpace_alpha = cfg.dpace_alpha if cfg.loss_weights == "dpace" else None
         self.rng = random.Random(cfg.seed)
         self.lut = self.vocab = None  # vocab: what the exported draft_vocab.json holds (decoding drafts from it)
         if not cfg.full_head:
@@ -422,13 +453,14 @@ class Trainer:
             if anchors.numel() == 0:
                 continue
             ids, anchors = s["ids"].to(self.dev), anchors.to(self.dev)
-            with autocast(self.dev):
+            with autocast(self.dev, cfg.autocast):
                 h = draft_rows(self.d, self.embed_w, ids, f.to(self.dev), anchors)
             labels = block_labels(ids, anchors, self.d.cfg.block_size)
             rows += int((labels != -100).sum())
             if self.lut is not None:
                 labels = to_subset(labels, self.lut)
-            loss, _ = block_loss(h, labels, self.train_head, self.weights, self.d.cfg.output_multiplier)
+            loss, _ = block_loss(h, labels, self.train_head, self.weights, self.d.cfg.output_multiplier,
+                                 dpace_alpha=self.dpace_alpha)
             (loss / g).backward()
             total += loss.detach() / g
         if self.dist is not None:
