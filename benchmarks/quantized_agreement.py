@@ -2,12 +2,18 @@
 
     python benchmarks/quantized_agreement.py [--target DIR --draft DIR] [--work DIR] [--formats fp8,nvfp4]
                                              [--num-prompts N] [--max-tokens 96] [--threads 2]
+    python benchmarks/quantized_agreement.py --weights bf16,int8,fp8 [--target DIR --draft DIR] [...]
 
 Builds bf16 / fp8 / nvfp4 engine directories with `dflash-build` (ModelOpt on CPU) from the embedded pair (or
 --target/--draft), then on the BF16 engine's own greedy answers to N prompts measures (a) how often each
 quantized target's argmax equals the BF16 target's at every position (teacher forcing, our runtime's model code)
 and (b) DFlash tau with each engine at the engine's fixed max_draft_len. Engines already in --work are reused.
 Only the table goes to stdout; build progress goes to stderr.
+
+--weights instead measures the runtime's load-time weight formats (EngineConfig `weights`, runtime/int8_weights.py)
+on the checkpoint itself, against its fp32 run ("auto") and Hugging Face transformers in fp32: the largest
+|logit - HF logit| over every teacher-forced position, top-1 agreement with the fp32 target, DFlash tau, and
+whether greedy DFlash output is token-identical to AR at the same weights.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ PROMPTS = ["Write a Python function that returns the n-th triangular number.",
            "Write an email asking a colleague to review a pull request.",
            "What are the pros and cons of working from home?"]
 FORMATS = ("fp8", "nvfp4")
+WEIGHT_FORMATS = ("bf16", "int8", "fp8")
 
 
 def build(fmt: str, target: str, draft: str, out: str, calib_samples: int) -> str:
@@ -101,6 +108,54 @@ def run(args) -> list[dict]:
     return rows
 
 
+def hf_logits(target: str, seqs: list[list[int]]) -> torch.Tensor:
+    """transformers' fp32 logits of every sequence, rows concatenated in order (teacher_forward's packing)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return torch.cat([model(torch.tensor([s])).logits[0].float() for s in seqs])
+
+
+def run_weights(args) -> list[dict]:
+    from dflash_trt import LLM, SamplingParams
+    from dflash_trt.teacher import teacher_forward
+
+    if args.target:
+        target, draft = os.path.abspath(args.target), os.path.abspath(args.draft)
+    else:
+        from dflash_trt.embedded import embedded_paths
+        target, draft = embedded_paths()
+    prompts = PROMPTS[:args.num_prompts]
+    sp = SamplingParams(max_tokens=args.max_tokens)
+    rows, seqs, ref_top, hf = [], None, None, None
+    for mode in ["auto"] + [w for w in args.weights.split(",") if w]:
+        llm = LLM(target=target, draft=draft, draft_len_policy="fixed", weights=mode)
+        outs = llm.generate(prompts, sp, chat=True)
+        if seqs is None:  # the fp32 target's own answers are the teacher-forced text
+            seqs = [o.prompt_token_ids + o.token_ids for o in outs]
+            hf = hf_logits(target, seqs)
+        with torch.no_grad():
+            logits = teacher_forward(llm.engine.target, seqs)[1]
+        top = logits.argmax(-1)
+        ref_top = top if ref_top is None else ref_top
+        head = llm.engine.target.head_packed
+        ar = LLM(target=target, speculative=False, weights=mode).generate(prompts, sp, chat=True)
+        rows.append({"weights": mode, "bytes": head.data.element_size() if head is not None else 4,
+                     "max_err": (logits - hf).abs().max().item(), "agreement": (top == ref_top).float().mean().item(),
+                     "tau": tau(outs), "ar_equal": [o.token_ids for o in outs] == [o.token_ids for o in ar],
+                     "k": llm.engine.max_draft_len, "positions": top.numel()})
+        del llm
+    print(f"{len(prompts)} prompts, {rows[0]['positions']} teacher-forced positions, K = {rows[0]['k']} (fixed), "
+          f"max_tokens {args.max_tokens}; max |logit| of transformers fp32: {hf.abs().max().item():.2f}")
+    print(f"{'weights':8s} {'B/weight':>8s} {'max |dlogit| vs HF':>19s} {'top-1 vs fp32':>14s} {'tau':>6s} "
+          f"{'DFlash == AR':>13s}")
+    for r in rows:
+        print(f"{r['weights']:8s} {r['bytes']:8d} {r['max_err']:19.4f} {r['agreement']:14.4f} {r['tau']:6.2f} "
+              f"{'yes' if r['ar_equal'] else 'NO':>13s}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", help="target checkpoint (default: the embedded SmolLM2-135M)")
@@ -111,16 +166,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--weights", default="", help="instead: these runtime weight formats (comma-separated: bf16, "
+                    "int8, fp8) against the fp32 target and transformers")
     args = ap.parse_args(argv)
     bad = [f for f in args.formats.split(",") if f and f not in FORMATS]
+    bad_w = [w for w in args.weights.split(",") if w and w not in WEIGHT_FORMATS]
     problem = (f"--formats {','.join(bad)}: use fp8 and/or nvfp4" if bad else
+               f"--weights {','.join(bad_w)}: use bf16, int8 and/or fp8" if bad_w else
                "--target and --draft go together" if bool(args.target) != bool(args.draft) else
                f"--num-prompts must be 1..{len(PROMPTS)}" if not 1 <= args.num_prompts <= len(PROMPTS) else None)
     if problem:
         sys.stderr.write(f"error: {problem}\n")
         return 2
     torch.set_num_threads(args.threads)
-    run(args)
+    run_weights(args) if args.weights else run(args)
     return 0
 
 

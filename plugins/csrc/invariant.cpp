@@ -1090,7 +1090,13 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
     const int64_t rows = std::min(mb, m1 - b0);
     const int64_t nt = (rows + MR_MAX - 1) / MR_MAX;
     const int base = (int)(rows / nt), extra = (int)(rows % nt);
-    const int npw = np_for(extra ? base + 1 : base);
+    int npw = np_for(extra ? base + 1 : base);
+#if BI_KERNEL_PASS == 2
+    // 8-bit panels keep their column scales and widened codes in registers too: 16 ymm registers hold the
+    // accumulators of one panel, not two (with two, accumulator chains spill through the stack). Which
+    // panels share a call never changes a result.
+    if (bytes) npw = 1;
+#endif
     // pack the block's tiles k-major (a 1-row tile is its own packing)
     const float* xt0 = p.x + b0 * p.ldx + p.xk0;
     if (rows > 1) {
