@@ -3,6 +3,7 @@ and a run's recipe kept across --resume."""
 import json
 import math
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -77,6 +78,12 @@ def test_bf16_autocast_on_cpu_is_asked_for_not_default():
         assert (a @ b).dtype == torch.float32
 
 
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from test_train import _tiny_run_inputs
+    return _tiny_run_inputs(tmp_path_factory.mktemp("levers"))
+
+
 def _source_drafter(tmp_path, t, layers):
     """A drafter directory whose weights are not what a new run would start from (the target's top layers)."""
     from dflash_trt.draft_init import init_drafter_from_target
@@ -88,12 +95,11 @@ def _source_drafter(tmp_path, t, layers):
     return src, w
 
 
-def test_init_from_starts_from_the_source_weights_at_another_block_size_and_refuses_a_misfit(tmp_path, capsys):
-    from test_train import _tiny_run_inputs
-
+def test_init_from_starts_from_the_source_weights_at_another_block_size_and_refuses_a_misfit(tiny_run, tmp_path,
+                                                                                             capsys):
     from dflash_trt.builder.train_cli import main
 
-    t, data = _tiny_run_inputs(tmp_path)
+    t, data = tiny_run
     src, w = _source_drafter(tmp_path, t, layers=2)
     run = tmp_path / "run"
     assert main(["--target", t, "--output", str(run), "--data", str(data), "--eval-records", "1", "--split", "first",
@@ -113,12 +119,10 @@ def test_init_from_starts_from_the_source_weights_at_another_block_size_and_refu
     assert not bad.exists()  # nothing left behind: the same command works once fixed
 
 
-def test_recipe_options_survive_resume_and_a_contrary_flag_is_refused(tmp_path, capsys):
-    from test_train import _tiny_run_inputs
-
+def test_recipe_options_survive_resume_and_a_contrary_flag_is_refused(tiny_run, tmp_path, capsys):
     from dflash_trt.builder.train_cli import main
 
-    t, data = _tiny_run_inputs(tmp_path)
+    t, data = tiny_run
     run = tmp_path / "r"
     common = ["--target", t, "--output", str(run), "--data", str(data), "--block-size", "4", "--num-layers", "1",
               "--mask-token-id", "3", "--eval-records", "1", "--split", "first", "--lr", "1e-3", "--log-every", "1"]
