@@ -3,13 +3,13 @@
 # (builder/data/sd_domains_seed1.jsonl.xz: 1,082 of the target's own answers), one thread, one arm after another,
 # then one report of every arm (and the shipped drafter) per record kind and on HumanEval / MT-Bench.
 # Resumable: an arm resumes from its checkpoint, a finished one is skipped; the arms share one feature cache.
-#   OUT=/work/ab STEPS=300 bash examples/drafter_ab.sh
+#   OUT=/work/ab STEPS=150 bash examples/drafter_ab.sh
 # Cost on a 2-core development CPU (one thread, other jobs beside it): the feature cache ~1 CPU-hour once (283K
 # tokens), each arm STEPS x ~3-6 s, the report ~25 min.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/work/ab}
-STEPS=${STEPS:-300}
+STEPS=${STEPS:-150}
 SHIP=${SHIP:-$HERE/runtime/assets/smollm2-dflash}
 DATA=$OUT/data1082.jsonl
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
@@ -30,9 +30,9 @@ arm() {
   touch "$out/done"
 }
 arm control --block-size 8 --lr 2e-4
-arm gamma2  --block-size 8 --lr 2e-4 --gamma 2
 arm dpace   --block-size 8 --lr 2e-4 --loss-weights dpace
 arm block5  --block-size 5 --lr 2e-4
+arm gamma2  --block-size 8 --lr 2e-4 --gamma 2
 arm wsd     --block-size 8 --lr 2e-4 --schedule wsd --decay-frac 0.3
 arm lr6e-4  --block-size 8 --lr 6e-4
 # every drafter drafts from the same rows: the shipped vocabulary and the tokens of the new data
