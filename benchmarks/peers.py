@@ -3,26 +3,40 @@ ignored everywhere): Hugging Face `generate` (AR), the z-lab reference `dflash.m
 llama.cpp through llama-cpp-python (AR on a GGUF), and ours (AR and DFlash).
 
     python benchmarks/peers.py [--target DIR --draft DIR] [--dataset humaneval] [--num-prompts 4]
-                               [--max-tokens 64] [--threads 2] [--gguf FILE] [--only ours,hf,zlab,llamacpp]
+                               [--max-tokens 64] [--threads 2] [--dtype float32|bfloat16] [--weights auto|bf16|int8|fp8]
+                               [--gguf FILE] [--llamacpp-bin DIR] [--only ours,hf,zlab,llamacpp]
 
-Default model: the embedded SmolLM2-135M-Instruct pair. Its llama.cpp model is an F32 GGUF made by dequantising
-the very Q4_1 GGUF our checkpoint was converted from (same weights as ours, bit for bit); the original Q4_1 GGUF
-runs as an extra line. Another target needs --gguf FILE for llama.cpp. Every peer gets the same token ids (chat
-template applied by our tokenizer). Reported per peer: e2e tokens/s (all output tokens / all wall time, prefill
-included), decode tokens/s ((tokens - 1) / (time after the first token)), TTFT, tau, the ratio to our AR and
-how many outputs equal our AR's. Peers load once and run interleaved prompt by prompt, after one warm-up each, so
-background load on a shared machine hits all of them alike.
-llama-cpp-python is optional: `pip install llama-cpp-python` compiles llama.cpp for several minutes.
+Default model: the embedded SmolLM2-135M-Instruct pair. Its llama.cpp models come from one F32 GGUF made by
+dequantising the very Q4_1 GGUF our checkpoint was converted from (same weights as ours, bit for bit): that F32
+file, BF16 and Q8_0 files llama.cpp's own quantizer makes from it, and the original Q4_1 file
+(llamacpp-f32, llamacpp-bf16, llamacpp-q8_0, llamacpp-q4_1; `llamacpp` means all of them). llamacpp-dflash runs
+llama.cpp's DFlash (its llama-speculative-simple from --llamacpp-bin) with our drafter converted to GGUF
+(docs/cpu_performance.md says how to build it). Another target needs --gguf FILE for llama.cpp. Every peer gets
+the same token ids (chat template applied by our tokenizer). Reported per peer: e2e tokens/s (all output tokens /
+all wall time, prefill included), decode tokens/s ((tokens - 1) / (time after the first token)), its ms per
+token beside the floor (weight bytes per step / read bandwidth, FLOPs per step / peak FMA rate, over tau: the
+floors of benchmarks/membw.py), TTFT, tau, the ratio to our AR and how many outputs equal our AR's. Peers load
+once and run interleaved prompt by prompt, after one warm-up each, so background load on a shared machine hits
+all of them alike. llama-cpp-python is optional: `pip install llama-cpp-python` compiles llama.cpp for several
+minutes.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import membw  # noqa: E402
+
+LLAMACPP_KINDS = ("f32", "bf16", "q8_0", "q4_1", "dflash")
 
 
 @dataclass
@@ -30,14 +44,18 @@ class Run:
     tokens: int
     total_s: float
     ttft_s: float | None
-    ids: list[int]
+    ids: list[int] | None
+    text: str | None = None  # a peer that reports text, not ids (compared to our AR's decoded text)
+    decode_s: float | None = None  # a peer that times its decoding itself (then all tokens count as decoded)
 
 
 def summary(runs: list[Run]) -> dict:
     tok = sum(r.tokens for r in runs)
     tot = sum(r.total_s for r in runs)
     out = {"e2e": tok / tot, "decode": None, "ttft": None}
-    if all(r.ttft_s is not None for r in runs):
+    if all(r.decode_s is not None for r in runs):
+        out["decode"] = tok / sum(r.decode_s for r in runs)
+    elif all(r.ttft_s is not None for r in runs):
         dec = sum(r.total_s - r.ttft_s for r in runs)
         out["decode"] = sum(r.tokens - 1 for r in runs) / dec if dec > 0 else None
         out["ttft"] = sum(r.ttft_s for r in runs) / len(runs)
@@ -46,12 +64,12 @@ def summary(runs: list[Run]) -> dict:
 
 # -- peers: each loads once, then runs one prompt at a time (the main loop interleaves them) -----------------
 class Ours:
-    def __init__(self, target, draft, speculative, max_seq_len):
+    def __init__(self, target, draft, speculative, max_seq_len, **engine):
         from dflash_trt import LLM, SamplingParams
 
         self.sp_cls, self.spec = SamplingParams, speculative
         self.llm = LLM(target=target, draft=draft if speculative else None, speculative=speculative,
-                       max_batch_size=1, max_seq_len=max_seq_len)
+                       max_batch_size=1, max_seq_len=max_seq_len, **engine)
         self.taus = []
 
     def run(self, p, n):
@@ -64,6 +82,23 @@ class Ours:
 
     def tau(self):
         return sum(a for a, _ in self.taus) / max(1, sum(b for _, b in self.taus)) if self.spec else None
+
+    def passes(self):
+        """[(weight bytes, FLOPs)] of one decode step: the target over 1 row, or over K+1 rows (K = the longest
+        draft) plus the drafter over its block."""
+        e = self.llm.engine
+        tb = membw.target_step_bytes(e.target)
+        if not self.spec:
+            return [(tb, membw.target_block_flops(e.target, 1))]
+        d, k = e.proposer.drafter, e.max_draft_len
+        return [(tb, membw.target_block_flops(e.target, k + 1)),
+                (membw.drafter_step_bytes(d, e.target), membw.drafter_block_flops(d, e.target, d.block_size, k))]
+
+
+def _param_counts(model) -> tuple[int, int]:
+    """(bytes, multiply-adds per row) of a transformers model's matrices (a tied head counted once, as read)."""
+    ps = list(model.parameters())
+    return sum(p.numel() * p.element_size() for p in ps), sum(p.numel() for p in ps if p.dim() == 2)
 
 
 class _FirstTokenClock:
@@ -100,6 +135,10 @@ class HFGenerate:
     def tau(self):
         return None
 
+    def passes(self):
+        b, macs = _param_counts(self.model)
+        return [(b, 2.0 * macs)]
+
 
 class ZLab:
     def __init__(self, model, draft):
@@ -121,11 +160,20 @@ class ZLab:
     def tau(self):
         return sum(self.acc) / len(self.acc) if self.acc else None
 
+    def passes(self):
+        tb, tmacs = _param_counts(self.target)
+        db, dmacs = _param_counts(self.draft)
+        head = self.target.get_output_embeddings().weight
+        block = self.draft.block_size
+        return [(tb, 2.0 * tmacs * block),
+                (db + head.numel() * head.element_size(), 2.0 * (dmacs * block + head.numel() * (block - 1)))]
+
 
 class LlamaCpp:
     def __init__(self, gguf, n_ctx, threads):
         from llama_cpp import Llama
 
+        self.gguf = gguf
         self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                          verbose=False)
 
@@ -145,8 +193,88 @@ class LlamaCpp:
     def tau(self):
         return None
 
+    def passes(self):
+        c = membw.gguf_counts(self.gguf)
+        return [(c["bytes"], 2.0 * c["macs"])]
+
+
+class LlamaCppDFlash:
+    """llama.cpp's DFlash: its llama-speculative-simple example, one process per prompt (its own clocks time
+    the prompt and the decoding, so model loading stays out). It prints text, not ids: the same-output check
+    compares text."""
+
+    STATS = {"enc": r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", "dec": r"decoded\s+\d+ tokens in\s+([\d.]+) seconds",
+             "n_predict": r"n_predict\s*=\s*(\d+)", "n_accept": r"n_accept\s*=\s*(\d+)"}
+
+    def __init__(self, binary, target_gguf, draft_gguf, tokenizer, n_ctx, threads, block_size):
+        self.cmd = [binary, "-m", target_gguf, "-md", draft_gguf, "--spec-type", "draft-dflash",
+                    "--spec-draft-n-max", str(block_size - 1), "-c", str(n_ctx), "-cd", str(n_ctx),
+                    "-t", str(threads), "-tb", str(threads), "-td", str(threads), "--temp", "0", "--ignore-eos",
+                    "--no-warmup"]
+        self.target_gguf, self.draft_gguf, self.block = target_gguf, draft_gguf, block_size
+        self.tok = tokenizer
+        self.predicted = self.accepted = 0
+
+    def run(self, p, n):
+        prompt = self.tok.decode(p)  # special tokens as text: llama.cpp parses them back
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+            f.write(prompt)
+            f.flush()
+            # it commits one token past -n: ask for n - 1
+            r = subprocess.run(self.cmd + ["-f", f.name, "-n", str(n - 1)], capture_output=True, text=True)
+        log = r.stdout + r.stderr
+        got = {k: re.search(v, log) for k, v in self.STATS.items()}
+        if r.returncode != 0 or not all(got.values()):
+            raise SystemExit(f"llama.cpp DFlash failed (exit {r.returncode}): {log.strip()[-400:]}")
+        enc, dec = float(got["enc"].group(1)), float(got["dec"].group(1))
+        tokens, accepted = int(got["n_predict"].group(1)), int(got["n_accept"].group(1))
+        self.predicted += tokens
+        self.accepted += accepted
+        text = r.stdout.split(prompt, 1)[-1] if prompt in r.stdout else r.stdout
+        return Run(tokens, enc + dec, None, None, text=text.rstrip("\n"), decode_s=dec)
+
+    def tau(self):
+        steps = self.predicted - self.accepted  # each step commits its accepted drafts plus one
+        return self.predicted / steps if steps > 0 else None
+
+    def passes(self):
+        t, d = membw.gguf_counts(self.target_gguf), membw.gguf_counts(self.draft_gguf)
+        k = self.block - 1
+        return [(t["bytes"], 2.0 * t["macs"] * (k + 1)),  # its drafter drafts with the target's whole head
+                (d["bytes"] + t["head_bytes"], 2.0 * (d["macs"] * self.block + t["head_macs"] * k))]
+
 
 # -- the embedded model's GGUFs ------------------------------------------------------------------------------
+def quantized_gguf(f32: str, kind: str) -> str:
+    """`kind` ("bf16", "q8_0") made from the F32 GGUF by llama.cpp's own quantizer, cached beside it."""
+    import llama_cpp
+
+    out = f32.replace(".F32.gguf", f".{kind.upper()}.gguf")
+    if not os.path.isfile(out):
+        print(f"[peers] writing the {kind.upper()} GGUF (llama.cpp's quantizer on the F32 one)", file=sys.stderr)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = {"bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[kind]
+        rc = llama_cpp.llama_model_quantize(f32.encode(), (out + ".tmp").encode(), params)
+        if rc != 0:
+            raise SystemExit(f"llama.cpp could not quantize {f32} to {kind} (llama_model_quantize returned {rc})")
+        os.replace(out + ".tmp", out)
+    return out
+
+
+def drafter_gguf(draft: str, target: str, converter: str, out_dir: str) -> str:
+    """The drafter converted by llama.cpp's convert_hf_to_gguf.py (F32: our bf16 weights exactly), cached."""
+    out = os.path.join(out_dir, os.path.basename(os.path.normpath(draft)) + ".dflash.F32.gguf")
+    if not os.path.isfile(out):
+        print("[peers] converting the drafter to GGUF (llama.cpp convert_hf_to_gguf.py)", file=sys.stderr)
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(converter), "gguf-py"))
+        r = subprocess.run([sys.executable, converter, draft, "--target-model-dir", target, "--outtype", "f32",
+                            "--outfile", out + ".tmp"], capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise SystemExit(f"drafter conversion failed: {r.stderr.strip()[-400:]}")
+        os.replace(out + ".tmp", out)
+    return out
+
+
 def embedded_ggufs() -> tuple[str, str]:
     """(F32 GGUF with the exact weights of our converted checkpoint, the original Q4_1 GGUF), cached."""
     import zipfile
@@ -191,7 +319,21 @@ def embedded_ggufs() -> tuple[str, str]:
 
 
 # -- main ----------------------------------------------------------------------------------------------------
+def _only(spec: str) -> set[str]:
+    """--only's names, `llamacpp` expanded to every llama.cpp line; an unknown name is one clear error."""
+    known = {"ours", "hf", "zlab", "llamacpp"} | {f"llamacpp-{k}" for k in LLAMACPP_KINDS}
+    names = {n.strip() for n in spec.split(",") if n.strip()}
+    bad = sorted(names - known)
+    if bad:
+        raise SystemExit(f"peers: unknown peer {bad[0]!r} in --only: use {', '.join(sorted(known))}")
+    if "llamacpp" in names:
+        names |= {f"llamacpp-{k}" for k in LLAMACPP_KINDS}
+    return names
+
+
 def main():
+    from dflash_trt.int8_weights import WEIGHTS
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target")
     ap.add_argument("--draft")
@@ -199,11 +341,26 @@ def main():
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="our engine's dtype")
+    ap.add_argument("--weights", default="auto", choices=WEIGHTS, help="our engine's target weights (EngineConfig)")
     ap.add_argument("--gguf", help="GGUF of the same target for llama.cpp (default for the embedded model: made)")
-    ap.add_argument("--only", default="ours,hf,zlab,llamacpp")
+    ap.add_argument("--llamacpp-dir", help="a llama.cpp source tree built as docs/cpu_performance.md says "
+                    "(build/bin/llama-speculative-simple, convert_hf_to_gguf.py): the llamacpp-dflash peer")
+    ap.add_argument("--only", default="ours,hf,zlab,llamacpp",
+                    help="ours, hf, zlab, llamacpp (all of llamacpp-f32,-bf16,-q8_0,-q4_1,-dflash), or single ones")
     args = ap.parse_args()
+    only = _only(args.only)
+    if args.num_prompts < 1 or args.max_tokens < 2 or args.threads < 1:
+        raise SystemExit("peers: --num-prompts and --threads must be >= 1 and --max-tokens >= 2")
+    spec_bin = None
+    if args.llamacpp_dir:
+        spec_bin = os.path.join(args.llamacpp_dir, "build", "bin", "llama-speculative-simple")
+        if not os.access(spec_bin, os.X_OK) or not os.path.isfile(os.path.join(args.llamacpp_dir, "convert_hf_to_gguf.py")):
+            raise SystemExit(f"peers: --llamacpp-dir {args.llamacpp_dir} has no build/bin/llama-speculative-simple or "
+                             "convert_hf_to_gguf.py: build it as docs/cpu_performance.md says")
     torch.set_num_threads(args.threads)
-    only = set(args.only.split(","))
+    engine = {"dtype": args.dtype, "weights": args.weights}
+    ours = f"ours ({args.dtype}{'' if args.weights == 'auto' else ', weights ' + args.weights})"
 
     from dflash_trt.bench.datasets import load_dataset, select
     from dflash_trt.bench.sweep import Encoder, ModelSpec
@@ -228,39 +385,66 @@ def main():
         peers.append((name, make()))
 
     if "ours" in only:
-        add("ours AR", lambda: Ours(args.target, None, False, seq_len))
+        add(f"{ours} AR", lambda: Ours(args.target, None, False, seq_len, **engine))
     hf_model = None
     if "hf" in only or ("zlab" in only and args.draft):
         from transformers import AutoModelForCausalLM
 
         hf_model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     if "hf" in only:
-        add("HF generate (AR)", lambda: HFGenerate(hf_model))
-    if "llamacpp" in only:
+        add("HF generate (AR, fp32)", lambda: HFGenerate(hf_model))
+    wanted = [k for k in LLAMACPP_KINDS if f"llamacpp-{k}" in only]
+    if wanted:
         try:
             import llama_cpp  # noqa: F401
-        except ImportError:
-            print("[peers] llama.cpp skipped: llama-cpp-python is not installed (pip install llama-cpp-python "
-                  "compiles llama.cpp for several minutes)", file=sys.stderr)
+        except (ImportError, OSError) as e:
+            print(f"[peers] llama.cpp skipped: llama-cpp-python is not usable ({e}); pip install llama-cpp-python "
+                  "compiles llama.cpp for several minutes", file=sys.stderr)
+            wanted = []
+    if wanted:
+        if args.gguf:
+            files = {"f32": args.gguf}
+            print("[peers] llama.cpp: only --gguf runs (no quantized or DFlash lines for a GGUF given)",
+                  file=sys.stderr)
+        elif embedded_model:
+            f32, q4 = embedded_ggufs()
+            files = {"f32": f32, "q4_1": q4}
+            files.update({k: quantized_gguf(f32, k) for k in ("bf16", "q8_0") if k in wanted})
         else:
-            if args.gguf:
-                add(f"llama.cpp AR ({os.path.basename(args.gguf)})", lambda: LlamaCpp(args.gguf, seq_len, args.threads))
-            elif embedded_model:
-                f32, q4 = embedded_ggufs()
-                add("llama.cpp AR (F32 GGUF, same weights)", lambda: LlamaCpp(f32, seq_len, args.threads))
-                add("llama.cpp AR (original Q4_1 GGUF)", lambda: LlamaCpp(q4, seq_len, args.threads))
+            files = {}
+            print("[peers] llama.cpp skipped: pass --gguf FILE for a non-embedded target", file=sys.stderr)
+        for kind in ("f32", "bf16", "q8_0", "q4_1"):
+            if kind in wanted and kind in files:
+                add(f"llama.cpp AR ({os.path.basename(files[kind])})",
+                    lambda f=files[kind]: LlamaCpp(f, seq_len, args.threads))
+        if "dflash" in wanted and "f32" in files and args.draft and not args.gguf:
+            if spec_bin is None:
+                print("[peers] llama.cpp DFlash skipped: pass --llamacpp-dir (docs/cpu_performance.md builds it)",
+                      file=sys.stderr)
             else:
-                print("[peers] llama.cpp skipped: pass --gguf FILE for a non-embedded target", file=sys.stderr)
+                import json
+
+                with open(os.path.join(args.draft, "config.json")) as f:
+                    block = int(json.load(f).get("block_size", 16))
+                dg = drafter_gguf(args.draft, args.target, os.path.join(args.llamacpp_dir, "convert_hf_to_gguf.py"),
+                                  os.path.dirname(files["f32"]))
+                add(f"llama.cpp DFlash ({os.path.basename(files['f32'])})",
+                    lambda: LlamaCppDFlash(spec_bin, files["f32"], dg, enc.tokenizer, seq_len, args.threads, block))
     if args.draft and "ours" in only:
-        add("ours DFlash", lambda: Ours(args.target, args.draft, True, seq_len))
+        add(f"{ours} DFlash", lambda: Ours(args.target, args.draft, True, seq_len, **engine))
     if args.draft and "zlab" in only:
         try:
             import dflash.model  # noqa: F401
         except ImportError:
             print("[peers] z-lab reference skipped: pip install --no-deps dflash==0.1.0", file=sys.stderr)
         else:
-            add("z-lab dflash_generate", lambda: ZLab(hf_model, args.draft))
+            add("z-lab dflash_generate (fp32)", lambda: ZLab(hf_model, args.draft))
+    if not peers:
+        raise SystemExit("peers: no peer to run (see the lines above)")
 
+    print("[peers] measuring the floors (read bandwidth, peak FMA rate) ...", file=sys.stderr, flush=True)
+    bw = membw.read_bandwidth(args.threads)
+    peak = membw.peak_flops(args.threads)
     for _, peer in peers:  # warm-up: kernels, allocator, caches
         peer.run(prompts[0], 8)
     runs = {name: [] for name, _ in peers}
@@ -268,22 +452,36 @@ def main():
         for name, peer in peers:
             runs[name].append(peer.run(p, n))
         print(f"[peers] prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
-    rows = [(name, summary(runs[name]), peer.tau(), runs[name]) for name, peer in peers]
+    rows = [(name, summary(runs[name]), peer.tau(), runs[name], peer) for name, peer in peers]
 
-    ref = next((r for r in rows if r[0] == "ours AR"), None)
+    ref = next((r for r in rows if r[0] == f"{ours} AR"), None)
     base = ref[1]["e2e"] if ref else None
+    ref_text = [enc.tokenizer.decode(r.ids) for r in ref[3]] if ref else None
     print(f"\n{os.path.basename(args.target)}, {args.dataset}: {len(prompts)} prompts x {n} tokens, batch 1, "
           f"{args.threads} threads, greedy, EOS ignored")
-    print(f"{'peer':40s} {'e2e tok/s':>10s} {'decode tok/s':>13s} {'TTFT ms':>8s} {'tau':>5s} {'vs ours AR':>11s} "
-          f"{'same tokens':>12s}")
-    for name, s, tau, runs in rows:
+    print(f"floors: read bandwidth {bw / membw.GB:.1f} GB/s (torch.sum over 512 MiB), peak {peak / 1e9:.0f} GFLOP/s "
+          "(fp32 torch.matmul); floor = sum over a step's passes of max(weight bytes / bandwidth, FLOPs / peak), "
+          "over tau")
+    print(f"{'peer':46s} {'e2e tok/s':>10s} {'decode tok/s':>13s} {'ms/tok':>7s} {'floor':>6s} {'MB/step':>8s} "
+          f"{'TTFT ms':>8s} {'tau':>5s} {'vs ours AR':>11s} {'same':>6s}")
+    for name, s, tau, rs, peer in rows:
         dec = "-" if s["decode"] is None else f"{s['decode']:.1f}"
+        ms = "-" if s["decode"] is None else f"{1e3 / s['decode']:.2f}"
+        passes = peer.passes()
+        floor = membw.per_token_floor_s(passes, bw, peak, tau or 1.0) * 1e3
         ttft = "-" if s["ttft"] is None else f"{s['ttft'] * 1e3:.0f}"
         ratio = "-" if base is None else f"{s['e2e'] / base:.2f}x"
-        # greedy outputs equal to our AR's (fp32 near-ties may split long outputs of different kernels)
-        same = "-" if ref is None else f"{sum(a.ids == b.ids for a, b in zip(runs, ref[3]))}/{len(runs)}"
-        print(f"{name:40s} {s['e2e']:10.1f} {dec:>13s} {ttft:>8s} {('-' if tau is None else f'{tau:.2f}'):>5s} "
-              f"{ratio:>11s} {same:>12s}")
+        # greedy outputs equal to our AR's (fp32 near-ties may split long outputs of different kernels; a
+        # peer that prints text is compared on text)
+        if ref is None:
+            same = "-"
+        elif all(r.ids is not None for r in rs):
+            same = f"{sum(a.ids == b.ids for a, b in zip(rs, ref[3]))}/{len(rs)}"
+        else:
+            same = f"{sum(a.text.strip() == b.strip() for a, b in zip(rs, ref_text))}/{len(rs)}t"
+        mb = sum(b for b, _ in passes) / 1e6
+        print(f"{name:46s} {s['e2e']:10.1f} {dec:>13s} {ms:>7s} {floor:6.2f} {mb:8.0f} {ttft:>8s} "
+              f"{('-' if tau is None else f'{tau:.2f}'):>5s} {ratio:>11s} {same:>6s}")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,28 @@
 """How close DFlash decoding at concurrency 1 comes to its physical limit, and where the rest of a step goes.
 
     python benchmarks/spec_limit.py [--target DIR --draft DIR] [--max-tokens 128] [--threads 1] [--k 7]
+                                    [--dtype float32|bfloat16] [--weights auto|bf16|int8|fp8]
 
 Times, inside real decoding of the same prompts: the target forward + head of an autoregressive step (t_AR), of a
 verify step over K+1 rows (t_verify), and the drafter forward + draft head (t_draft). The physical limit of
 DFlash is tau / (t_draft + t_verify) tokens/s (the two forward passes and nothing else); the loop's own cost
 (scheduling, batch building, acceptance, bookkeeping) is what separates the measured speed from it.
 K is fixed (draft_len_policy="fixed") so tau and the step times belong to one draft length.
+Beside each step time: its floors (benchmarks/membw.py), the weight bytes the pass reads / the measured read
+bandwidth and its FLOPs / the peak FMA rate (an fp32 torch.matmul), at the same thread count.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import membw  # noqa: E402
 
 PROMPTS = ["Write a Python function that returns the n-th Fibonacci number.",
            "Explain how a hash map handles collisions.",
@@ -59,18 +67,25 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--k", type=int, help="draft length (default: block_size - 1)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    ap.add_argument("--weights", default="auto", help="the target's weights: auto, bf16, int8, fp8 (EngineConfig)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from dflash_trt import LLM, SamplingParams
+    from dflash_trt.int8_weights import WEIGHTS
+
+    if args.weights not in WEIGHTS:
+        raise SystemExit(f"spec_limit: --weights must be one of {', '.join(WEIGHTS)}, got {args.weights!r}")
     from dflash_trt.embedded import embedded_paths
 
     if args.target is None:
         args.target, shipped = embedded_paths()
         args.draft = args.draft or shipped
     sp = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    ar = LLM(target=args.target, speculative=False)
+    engine = {"dtype": args.dtype, "weights": args.weights}
+    ar = LLM(target=args.target, speculative=False, **engine)
     kw = {"max_draft_len": args.k} if args.k else {}
-    sd = LLM(target=args.target, draft=args.draft, draft_len_policy="fixed", **kw)
+    sd = LLM(target=args.target, draft=args.draft, draft_len_policy="fixed", **kw, **engine)
     t_ar_f = Timed(ar.engine.target, "forward")
     t_ar_h = Timed(ar.engine.target, "logits")
     t_v_f = Timed(sd.engine.target, "forward")
@@ -92,10 +107,25 @@ def main() -> int:
     tau = tok_sd / n_steps
     k = sd.engine.max_draft_len
     limit = tau / (t_draft + t_verify)
-    print(f"{len(PROMPTS)} prompts x {args.max_tokens} tokens, batch 1, {args.threads} thread(s), K={k}")
-    print(f"  t_AR (target forward + head, 1 row)      {t_ar * 1e3:7.1f} ms")
-    print(f"  t_verify (target forward + head, {k + 1} rows) {t_verify * 1e3:7.1f} ms  ({t_verify / t_ar:.2f} t_AR)")
-    print(f"  t_draft (drafter pass + draft head)      {t_draft * 1e3:7.1f} ms  ({t_draft / t_ar:.2f} t_AR)")
+    bw, peak = membw.read_bandwidth(args.threads), membw.peak_flops(args.threads)
+    tgt, dft = sd.engine.target, sd.engine.proposer.drafter
+    tb = membw.target_step_bytes(tgt)
+    floors = {"ar": (tb, membw.target_block_flops(tgt, 1)), "verify": (tb, membw.target_block_flops(tgt, k + 1)),
+              "draft": (membw.drafter_step_bytes(dft, tgt), membw.drafter_block_flops(dft, tgt, dft.block_size, k))}
+
+    def floor(name):
+        b, f = floors[name]
+        return f"floor: {b / 1e6:4.0f} MB / BW = {b / bw * 1e3:5.2f} ms, {f / 1e9:5.2f} GFLOP / peak = {f / peak * 1e3:5.2f} ms"
+
+    print(f"{len(PROMPTS)} prompts x {args.max_tokens} tokens, batch 1, {args.threads} thread(s), K={k}, "
+          f"{args.dtype}, weights {args.weights}")
+    print(f"  read bandwidth {bw / membw.GB:.1f} GB/s (torch.sum over 512 MiB), peak {peak / 1e9:.0f} GFLOP/s "
+          "(fp32 torch.matmul); attention FLOPs left out of the floors")
+    print(f"  t_AR (target forward + head, 1 row)      {t_ar * 1e3:7.1f} ms               {floor('ar')}")
+    print(f"  t_verify (target forward + head, {k + 1} rows) {t_verify * 1e3:7.1f} ms  ({t_verify / t_ar:.2f} t_AR)  "
+          f"{floor('verify')}")
+    print(f"  t_draft (drafter pass + draft head)      {t_draft * 1e3:7.1f} ms  ({t_draft / t_ar:.2f} t_AR)  "
+          f"{floor('draft')}")
     print(f"  tau (tokens per DFlash step)             {tau:7.2f}")
     print(f"AR:     {tok_ar / wall_ar:6.1f} tok/s measured, {1 / t_ar:6.1f} tok/s limit 1/t_AR "
           f"({tok_ar / wall_ar * t_ar:.0%} of it)")

@@ -1,0 +1,190 @@
+"""The floor under a decode step: how fast this machine reads memory and multiplies, and what a step must read
+and compute. A memory-bound step cannot beat (weight bytes it reads) / (read bandwidth); a verify block of R
+rows cannot beat (its FLOPs) / (peak FMA rate). Other benchmarks import the probes and the counts; the CLI
+prints the probes.
+
+    python benchmarks/membw.py [--threads 2] [--mib 512] [--repeats 5]
+
+Read bandwidth is STREAM-like: the best of `repeats` full passes of torch.sum over an fp32 buffer many times the
+last-level cache (a reduction reads every byte once and writes nothing). Peak FMA rate is the best of a big
+fp32 torch.matmul (MKL/oneDNN SGEMM) at the same thread count: an attainable rate, not the data-sheet one.
+Best-of-N because a shared machine only ever slows a pass down.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+GB = 1e9
+
+
+def _best(fn, repeats: int) -> float:
+    fn()  # first touch, page faults, thread pool start
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def read_bandwidth(threads: int | None = None, mib: int = 512, repeats: int = 5) -> float:
+    """Bytes per second that one pass of torch.sum reads from a `mib` MiB fp32 buffer (best of `repeats`)."""
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+        t = _best(lambda: x.sum(), repeats)
+        return x.numel() * 4 / t
+    finally:
+        torch.set_num_threads(old)
+
+
+def peak_flops(threads: int | None = None, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an fp32 n x n x n torch.matmul (2 n^3 FLOPs), best of `repeats`. fp32 because our kernels
+    multiply in fp32 whatever the weights' format (bf16 and 8-bit weights are widened in registers)."""
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        t = _best(lambda: torch.matmul(a, b), repeats)
+        return 2.0 * n ** 3 / t
+    finally:
+        torch.set_num_threads(old)
+
+
+# -- what a step reads and computes --------------------------------------------------------------------------
+def _tensor_bytes(t) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def _linear_bytes(m) -> int:
+    """What the kernel reads for one linear: its packed panels (+ scales) when packed, its native-FP8 weight
+    when it has one, else its weight; plus its bias."""
+    if getattr(m, "fp8", None) is not None:
+        w = _tensor_bytes(m.fp8[0])
+    elif getattr(m, "packed", None) is not None:
+        w = m.packed.nbytes()
+    else:
+        w = _tensor_bytes(m.weight)
+    return w + _tensor_bytes(getattr(m, "bias", None))
+
+
+def module_weight_bytes(model: torch.nn.Module, skip=()) -> int:
+    """Weight bytes one forward pass over `model` reads: every linear as its kernel reads it, every other
+    module's own parameters (norms, router gates), nothing for embedding tables (a step reads one row of them).
+    skip: modules left out (a head counted separately)."""
+    skipped = {id(m) for m in skip if m is not None}
+    total = 0
+    for m in model.modules():
+        if id(m) in skipped or isinstance(m, torch.nn.Embedding):
+            continue
+        if hasattr(m, "packed") and isinstance(getattr(m, "weight", None), torch.Tensor):
+            total += _linear_bytes(m)
+        else:
+            total += sum(_tensor_bytes(p) for p in m.parameters(recurse=False))
+    return total
+
+
+def head_bytes(target) -> int:
+    """The target's head as the kernels read it: its packed panels, else its weight (the tied embedding
+    matrix when the embeddings are tied)."""
+    if getattr(target, "head_packed", None) is not None:
+        return target.head_packed.nbytes()
+    return _tensor_bytes(target.head_weight)
+
+
+def target_step_bytes(target) -> int:
+    """Weight bytes of one target pass (any number of rows): the layers plus the head."""
+    return module_weight_bytes(target, skip=(getattr(target, "lm_head", None),)) + head_bytes(target)
+
+
+def drafter_step_bytes(drafter, target) -> int:
+    """Weight bytes of one drafter pass: its layers plus the head rows it drafts with (its draft vocabulary's
+    rows of the target's head when it has one, else the whole head)."""
+    if getattr(drafter, "vocab_packed", None) is not None:
+        head = drafter.vocab_packed.nbytes()
+    elif getattr(drafter, "vocab_head", None) is not None:
+        head = _tensor_bytes(drafter.vocab_head)
+    else:
+        head = head_bytes(target)
+    return module_weight_bytes(drafter) + head
+
+
+def linear_macs(model: torch.nn.Module) -> int:
+    """Multiply-adds per row of every linear in `model` (out x in of each weight, packed or not)."""
+    total = 0
+    for m in model.modules():
+        if not (hasattr(m, "packed") and isinstance(getattr(m, "weight", None), torch.Tensor)):
+            continue
+        if m.packed is not None:
+            total += m.packed.n * m.packed.k
+        elif m.weight.dim() == 2:
+            total += m.weight.numel()
+    return total
+
+
+def target_block_flops(target, rows: int) -> float:
+    """FLOPs of one target pass over `rows` rows: 2 per multiply-add of its linears and head. Attention is
+    left out (a few percent at a few hundred positions), so this is a floor."""
+    w = target.head_weight
+    head = w.shape[0] * w.shape[1] if getattr(target, "lm_head", None) is None else 0  # an untied head is a linear
+    return 2.0 * rows * (linear_macs(target) + head)
+
+
+def drafter_block_flops(drafter, target, block: int, drafts: int) -> float:
+    """FLOPs of one drafter pass: its linears over the `block` rows plus the head over the `drafts` rows it
+    drafts from (its draft vocabulary's rows when it has one)."""
+    vocab = drafter.vocab_ids.numel() if getattr(drafter, "vocab_ids", None) is not None \
+        else target.head_weight.shape[0]
+    return 2.0 * (linear_macs(drafter) * block + vocab * target.head_weight.shape[1] * drafts)
+
+
+def floor_s(nbytes: float, bandwidth: float, flops: float = 0.0, peak: float | None = None) -> float:
+    """Roofline floor of one pass: the longer of reading its bytes and computing its FLOPs."""
+    return max(nbytes / bandwidth, flops / peak if peak else 0.0)
+
+
+def per_token_floor_s(passes, bandwidth: float, peak: float | None, tokens_per_step: float = 1.0) -> float:
+    """The floor of one decoded token: the floors of a step's passes [(bytes, FLOPs)] over the tokens a step
+    commits (1 for autoregressive decoding, tau for speculative)."""
+    return sum(floor_s(b, bandwidth, f, peak) for b, f in passes) / tokens_per_step
+
+
+# -- GGUF files (llama.cpp peers) ----------------------------------------------------------------------------
+def gguf_counts(path: str) -> dict:
+    """What a llama.cpp pass over this GGUF reads and multiplies: bytes and multiply-adds per row of every
+    tensor, the token embedding left out when the model has an output matrix of its own (then it is only
+    looked up by row); head_bytes / head_macs: the output matrix (the embedding when tied), 0 without one."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: (int(t.n_bytes), int(t.n_elements), len(t.shape)) for t in GGUFReader(path).tensors}
+    head = tensors.get("output.weight") or tensors.get("token_embd.weight") or (0, 0, 0)
+    if "output.weight" in tensors:
+        tensors.pop("token_embd.weight", None)
+    return {"bytes": sum(b for b, _, _ in tensors.values()),
+            "macs": sum(n for _, n, d in tensors.values() if d == 2),
+            "head_bytes": head[0], "head_macs": head[1]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mib", type=int, default=512, help="buffer size (many times the last-level cache)")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    if args.threads < 1 or args.mib < 1 or args.repeats < 1:
+        raise SystemExit("membw: --threads, --mib and --repeats must be positive")
+    bw = read_bandwidth(args.threads, args.mib, args.repeats)
+    peak = peak_flops(args.threads, repeats=args.repeats)
+    print(f"{args.threads} thread(s): read bandwidth {bw / GB:.1f} GB/s (torch.sum over {args.mib} MiB fp32), "
+          f"peak {peak / 1e9:.0f} GFLOP/s (fp32 1024^3 torch.matmul)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
