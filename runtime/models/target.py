@@ -39,6 +39,52 @@ def pack_linears(model: nn.Module) -> None:
             m.packed = ops.pack(m.weight.data)
 
 
+class FusedProjection:
+    """Linears reading the same input (q/k/v, gate/up) as one packed weight: one kernel call, each member's
+    output a view of it, bitwise what the member computes alone (plugins/layer.py). The members keep working
+    on their own (their packed weights become views of the fused panels); a member whose weight is replaced
+    afterwards (FP8 re-packing, native FP8) is noticed by `current` and the fusion rebuilt or dropped."""
+
+    def __init__(self, members: list[Linear], cat):
+        from ..plugins import layer
+
+        self.members = members
+        self.packed = cat.packed
+        self.cols = cat.cols
+        self.sizes = [m.packed.n for m in members]
+        self.bias = layer.concat_bias([m.bias for m in members], self.sizes, self.cols, cat.packed.n)
+        self.views = cat.views
+        for m, v in zip(members, cat.views):
+            m.packed = v
+
+    @staticmethod
+    def build(members: list[Linear]) -> "FusedProjection | None":
+        """None unless every member is a plain packed Linear of the batch-invariant kernels with the same
+        bias presence (tensor-parallel and native-FP8 linears stay separate)."""
+        if not ops.invariant_enabled() or any(type(m) is not Linear or m.fp8 is not None for m in members):
+            return None
+        if len({m.bias is None for m in members}) != 1 or len({m.k_splits for m in members}) != 1:
+            return None
+        from ..plugins import layer
+
+        cat = layer.concat_packed([m.packed for m in members])
+        return None if cat is None else FusedProjection(members, cat)
+
+    def current(self) -> bool:
+        return all(m.packed is v and m.fp8 is None for m, v in zip(self.members, self.views))
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        y = ops.linear(x, None, self.bias, self.packed, self.members[0].k_splits)
+        return [y[..., c:c + n] for c, n in zip(self.cols, self.sizes)]
+
+
+def _current(fused: FusedProjection | None, members: list[Linear]) -> FusedProjection | None:
+    """The fusion of members if it still matches their weights, else a new one (or None)."""
+    if fused is None or fused.current():
+        return fused
+    return FusedProjection.build(members)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -55,8 +101,13 @@ class MLP(nn.Module):
         self.gate_proj = Linear(hidden, inter, bias)
         self.up_proj = Linear(hidden, inter, bias)
         self.down_proj = Linear(inter, hidden, bias, row_parallel=True)
+        self.gate_up: FusedProjection | None = None  # set by fuse_projections
 
     def forward(self, x):
+        if self.gate_up is not None:
+            self.gate_up = _current(self.gate_up, [self.gate_proj, self.up_proj])
+            if self.gate_up is not None and ops._use_bi(x):
+                return self.down_proj(ops.silu_mul(*self.gate_up(x)))
         return self.down_proj(ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
@@ -76,12 +127,18 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale = self.head_dim ** -0.5
         self.window: int | None = None  # sliding-window layers of the families set it
+        self.qkv: FusedProjection | None = None  # set by fuse_projections
 
     def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch):
         t = x.shape[0]
-        q = self.q_proj(x).view(t, -1, self.head_dim)
-        k = self.k_proj(x).view(t, -1, self.head_dim)
-        v = self.v_proj(x).view(t, -1, self.head_dim)
+        if self.qkv is not None:
+            self.qkv = _current(self.qkv, [self.q_proj, self.k_proj, self.v_proj])
+        if self.qkv is not None and ops._use_bi(x):
+            q, k, v = (y.view(t, -1, self.head_dim) for y in self.qkv(x))
+        else:
+            q = self.q_proj(x).view(t, -1, self.head_dim)
+            k = self.k_proj(x).view(t, -1, self.head_dim)
+            v = self.v_proj(x).view(t, -1, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -96,10 +153,77 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fusable = False  # set by fuse_projections on exactly this dense layer
+        self._fused = None  # (the sources it was built from, plugins/layer.py state)
 
     def forward(self, x, cos, sin, kv_cache, batch):
+        if self.fusable and batch.kernel_args is not None and x.dim() == 2 and ops._use_bi(x):
+            state = self._fused_state(x, cos, kv_cache)
+            if state is not None:
+                from ..plugins import layer
+                return layer.run(state, x, cos, sin, kv_cache, batch)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def _fused_state(self, x, cos, kv_cache):
+        """The C++ layer op's state when this call can run as one op (the same bits as the modules), else None."""
+        att, mlp = self.self_attn, self.mlp
+        if att.window is not None or cos.dtype != x.dtype or kv_cache[0].dtype not in _CACHE_DTYPES:
+            return None
+        att.qkv = _current(att.qkv, [att.q_proj, att.k_proj, att.v_proj])
+        mlp.gate_up = _current(mlp.gate_up, [mlp.gate_proj, mlp.up_proj])
+        src = (att.qkv, mlp.gate_up, att.o_proj.packed, mlp.down_proj.packed, x.dtype)
+        if self._fused is not None and all(a is b for a, b in zip(self._fused[0], src)):
+            return self._fused[1]
+        self._fused = None
+        norms = [self.input_layernorm, self.post_attention_layernorm]
+        if att.q_norm is not None:
+            norms += [att.q_norm, att.k_norm]
+        if (att.qkv is None or mlp.gate_up is None or any(type(m) is not Linear or m.packed is None or m.fp8
+                                                           is not None for m in (att.o_proj, mlp.down_proj))
+                or any(n.weight.dtype != x.dtype for n in norms) or norms[0].eps != norms[1].eps
+                or norms[2:] and norms[2].eps != norms[3].eps):
+            return None
+        from ..plugins import layer
+
+        if not layer.available():
+            return None
+        state = layer.make_state(
+            in_norm=norms[0].weight, post_norm=norms[1].weight,
+            q_norm=None if att.q_norm is None else att.q_norm.weight,
+            k_norm=None if att.k_norm is None else att.k_norm.weight,
+            eps=norms[0].eps, qk_eps=norms[2].eps if att.q_norm is not None else 0.0, attn_scale=att.scale,
+            heads=att.n_heads, kv_heads=att.n_kv, head_dim=att.head_dim,
+            qkv=att.qkv.packed, qkv_bias=att.qkv.bias, qkv_cols=att.qkv.cols,
+            o=att.o_proj.packed, o_bias=att.o_proj.bias, o_k_splits=att.o_proj.k_splits,
+            gate_up=mlp.gate_up.packed, gate_up_bias=mlp.gate_up.bias, up_col=mlp.gate_up.cols[1],
+            inter=mlp.gate_up.sizes[0],
+            down=mlp.down_proj.packed, down_bias=mlp.down_proj.bias, down_k_splits=mlp.down_proj.k_splits)
+        self._fused = (src, state)
+        return state
+
+
+_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """After pack_linears: q/k/v and gate/up of every exactly-dense layer as one packed weight each, and
+    those layers marked for the C++ layer op. Subclassed layers (families' windows, sinks, other norms) and
+    tensor-parallel linears keep their own path."""
+    for layer in getattr(getattr(model, "model", None), "layers", ()):
+        if type(layer) is not DecoderLayer:
+            continue
+        att, mlp = layer.self_attn, layer.mlp
+        if type(att) is not Attention or type(mlp) is not MLP:
+            continue
+        if any(type(n) is not RMSNorm for n in (layer.input_layernorm, layer.post_attention_layernorm,
+                                                 att.q_norm or layer.input_layernorm,
+                                                 att.k_norm or layer.input_layernorm)):
+            continue
+        att.qkv = FusedProjection.build([att.q_proj, att.k_proj, att.v_proj])
+        mlp.gate_up = FusedProjection.build([mlp.gate_proj, mlp.up_proj])
+        layer.fusable = att.qkv is not None and mlp.gate_up is not None
+        layer._fused = None
 
 
 class Backbone(nn.Module):
@@ -134,6 +258,7 @@ class TargetModel(nn.Module):
 
     def pack(self) -> None:
         pack_linears(self)
+        fuse_projections(self)
         self.head_packed = ops.pack(self.head_weight.data)
 
     # Per-request recurrent state (linear-attention hybrids override these): bytes of one request's state, its

@@ -1,0 +1,249 @@
+// One op per dense decoder layer (Llama / SmolLM2 / Qwen3) on the batch-invariant CPU kernels:
+//   h = rms_norm(x); qkv = linear(h) (one fused GEMV); [q/k norm]; rope; K/V written to their cache slots;
+//   o = paged_attention; x1 = x + o_proj(o); h2 = rms_norm(x1); gu = linear(h2) (gate and up fused);
+//   out = x1 + down_proj(silu(gate) * up)
+// It exists to take the Python and small-op overhead out of a decode step: the kernels themselves are the
+// dflash_trt::bi_* ops of invariant.cpp, called through typed dispatcher handles looked up once, so this file
+// computes nothing that could round differently from the op-by-op path except rope, the K/V write and the
+// residual adds, which reproduce PyTorch's roundings exactly (see rope_rows). Bitwise equality with the
+// op-by-op path is what keeps speculative output equal to autoregressive output; tests/test_fused_layer.py
+// checks it.
+//
+// Built with -ffp-contract=off (plugins/build.py): rope's x*cos + rot*sin must stay three rounded operations.
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace fl {
+
+using at::Tensor;
+using OptT = c10::optional<Tensor>;
+
+// ---- the batch-invariant kernels, through the dispatcher ------------------------------------------------------
+
+struct Handles {
+  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, int64_t, const OptT&, int64_t, const OptT&)> linear;
+  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, double)> rms_norm;
+  c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)> add_norm;
+  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&)> silu_mul;
+  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, const Tensor&, const Tensor&, double, bool)>
+      attention;
+};
+
+static const Handles& H() {
+  // looked up on first use: the dflash_bi extension registers the ops and is loaded first (plugins/layer.py)
+  static const Handles h = [] {
+    auto& d = c10::Dispatcher::singleton();
+    return Handles{
+        d.findSchemaOrThrow("dflash_trt::bi_linear", "")
+            .typed<Tensor(const Tensor&, const Tensor&, int64_t, const OptT&, int64_t, const OptT&)>(),
+        d.findSchemaOrThrow("dflash_trt::bi_rms_norm", "").typed<Tensor(const Tensor&, const Tensor&, double)>(),
+        d.findSchemaOrThrow("dflash_trt::bi_add_rms_norm", "")
+            .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)>(),
+        d.findSchemaOrThrow("dflash_trt::bi_silu_mul", "").typed<Tensor(const Tensor&, const Tensor&)>(),
+        d.findSchemaOrThrow("dflash_trt::bi_paged_attention", "")
+            .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          const Tensor&, const Tensor&, double, bool)>(),
+    };
+  }();
+  return h;
+}
+
+// ---- the layer's constant state -------------------------------------------------------------------------------
+
+static OptT opt(const Tensor& t) { return t.numel() ? OptT(t) : OptT(); }  // an empty tensor stands for None
+
+struct Proj {  // one packed linear (plugins/invariant.py PackedLinear) and its bias
+  Tensor data;
+  int64_t n = 0;
+  OptT bias, scale;
+  int64_t k_splits = 1;
+  Tensor run(const Tensor& x) const { return H().linear.call(x, data, n, bias, k_splits, scale); }
+};
+
+struct FusedLayer : torch::CustomClassHolder {
+  Tensor in_norm, post_norm, q_norm, k_norm;  // q/k norm: empty when the model has none
+  double eps = 0, qk_eps = 0, attn_scale = 0;
+  Proj qkv, o, gate_up, down;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t k_col = 0, v_col = 0;     // where k and v start in the fused qkv output (q starts at 0)
+  int64_t inter = 0, up_col = 0;    // intermediate size; where up starts in the fused gate_up output
+
+  // tensors: in_norm, post_norm, q_norm, k_norm, then (data, bias, scale) of qkv, o, gate_up, down
+  // ints: heads, kv_heads, head_dim, k_col, v_col, inter, up_col, n of qkv/o/gate_up/down, k_splits of o/down
+  // floats: eps, qk_eps, attn_scale
+  FusedLayer(std::vector<Tensor> t, std::vector<int64_t> i, std::vector<double> f) {
+    TORCH_CHECK(t.size() == 16 && i.size() == 13 && f.size() == 3, "FusedLayer: 16 tensors, 13 ints, 3 floats");
+    in_norm = t[0]; post_norm = t[1]; q_norm = t[2]; k_norm = t[3];
+    Proj* ps[4] = {&qkv, &o, &gate_up, &down};
+    for (int j = 0; j < 4; ++j) {
+      ps[j]->data = t[4 + 3 * j];
+      ps[j]->bias = opt(t[5 + 3 * j]);
+      ps[j]->scale = opt(t[6 + 3 * j]);
+      ps[j]->n = i[7 + j];
+    }
+    heads = i[0]; kv_heads = i[1]; head_dim = i[2]; k_col = i[3]; v_col = i[4]; inter = i[5]; up_col = i[6];
+    o.k_splits = i[11]; down.k_splits = i[12];
+    eps = f[0]; qk_eps = f[1]; attn_scale = f[2];
+    TORCH_CHECK(head_dim % 2 == 0, "FusedLayer: rotate-half rope needs an even head dim");
+  }
+};
+
+// ---- rope, the K/V write, the residual add --------------------------------------------------------------------
+
+template <typename T>
+static inline float ld(const T* p, int64_t i) { return static_cast<float>(p[i]); }
+
+template <typename T>
+static inline T rnd(float v) { return static_cast<T>(v); }  // bf16: round to nearest even, as torch casts
+
+// out[t, h, :] = x*cos + rot(x)*sin with rot(x) = cat(-x[half:], x[:half]), every operation rounded to T as
+// PyTorch's three separate elementwise ops round it (its bf16 kernels compute in fp32 and round each result).
+// x rows are t * ldx apart, heads D apart; cos/sin [T, D] contiguous in T.
+template <typename T>
+static void rope_rows(const T* x, int64_t ldx, const T* cos, const T* sin, int64_t nt, int64_t nh, int64_t D,
+                      T* out) {
+  const int64_t half = D / 2;
+  for (int64_t t = 0; t < nt; ++t) {
+    const T* c = cos + t * D;
+    const T* s = sin + t * D;
+    for (int64_t h = 0; h < nh; ++h) {
+      const T* xr = x + t * ldx + h * D;
+      T* o = out + (t * nh + h) * D;
+      for (int64_t i = 0; i < D; ++i) {
+        const float rot = i < half ? -ld(xr, i + half) : ld(xr, i - half);
+        const T a = rnd<T>(ld(xr, i) * ld(c, i));
+        const T b = rnd<T>(rot * ld(s, i));
+        o[i] = rnd<T>(static_cast<float>(a) + static_cast<float>(b));
+      }
+    }
+  }
+}
+
+// cache[slot[t], :, :] = rows[t] cast to the cache's dtype (what index_copy_(0, slot_mapping, k.to(dtype)) does)
+template <typename S, typename C>
+static void write_rows(const S* rows, int64_t ld_rows, const int64_t* slots, int64_t nt, int64_t width, C* cache,
+                       int64_t n_slots) {
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t s = slots[t];
+    TORCH_CHECK(s >= 0 && s < n_slots, "fused_decoder_layer: slot ", s, " out of range [0, ", n_slots, ")");
+    const S* src = rows + t * ld_rows;
+    C* dst = cache + s * width;
+    if constexpr (std::is_same<S, C>::value) {
+      std::memcpy(dst, src, sizeof(C) * width);
+    } else {
+      for (int64_t j = 0; j < width; ++j) dst[j] = static_cast<C>(static_cast<float>(src[j]));
+    }
+  }
+}
+
+template <typename S>
+static void write_cache(const S* rows, int64_t ld_rows, const Tensor& slots, int64_t nt, int64_t width,
+                        const Tensor& cache) {
+  const int64_t n_slots = cache.numel() / width;
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  if (cache.scalar_type() == at::kFloat)
+    write_rows(rows, ld_rows, sl, nt, width, cache.data_ptr<float>(), n_slots);
+  else
+    write_rows(rows, ld_rows, sl, nt, width, cache.data_ptr<at::BFloat16>(), n_slots);
+}
+
+template <typename T>
+static void attention_inputs(const FusedLayer& L, const Tensor& qkv, const Tensor& qn, const Tensor& kn,
+                             const Tensor& cos, const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                             const Tensor& slots, Tensor& q_out) {
+  const int64_t nt = qkv.size(0), D = L.head_dim, ld = qkv.stride(0);
+  const T* y = qkv.data_ptr<T>();
+  const T* c = cos.data_ptr<T>();
+  const T* s = sin.data_ptr<T>();
+  // q and k: straight from the fused output, or from their normed copies ([T, heads, D] contiguous)
+  const T* q = qn.defined() ? qn.data_ptr<T>() : y;
+  const int64_t ldq = qn.defined() ? L.heads * D : ld;
+  const T* k = kn.defined() ? kn.data_ptr<T>() : y + L.k_col;
+  const int64_t ldk = kn.defined() ? L.kv_heads * D : ld;
+  rope_rows<T>(q, ldq, c, s, nt, L.heads, D, q_out.data_ptr<T>());
+  std::vector<T> k_rot((size_t)(nt * L.kv_heads * D));
+  rope_rows<T>(k, ldk, c, s, nt, L.kv_heads, D, k_rot.data());
+  write_cache<T>(k_rot.data(), L.kv_heads * D, slots, nt, L.kv_heads * D, k_cache);
+  write_cache<T>(y + L.v_col, ld, slots, nt, L.kv_heads * D, v_cache);
+}
+
+// ---- the op -----------------------------------------------------------------------------------------------------
+
+static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, const Tensor& x, const Tensor& cos_in,
+                                  const Tensor& sin_in, const Tensor& k_cache, const Tensor& v_cache,
+                                  const Tensor& slot_mapping, const Tensor& q_start, const Tensor& q_len,
+                                  const Tensor& kv_len, const Tensor& kv_slots, const Tensor& kv_offsets) {
+  const FusedLayer& L = *st;
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "fused_decoder_layer: x must be a CPU [T, hidden] tensor");
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "fused_decoder_layer: x must be float32 or bfloat16");
+  TORCH_CHECK(cos_in.scalar_type() == dt && sin_in.scalar_type() == dt, "fused_decoder_layer: cos/sin dtype");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16) &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.size(-1) == L.head_dim && k_cache.size(-2) == L.kv_heads,
+              "fused_decoder_layer: caches must be contiguous float32/bfloat16 [..., kv_heads, head_dim]");
+  const int64_t nt = x.size(0), D = L.head_dim;
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == nt,
+              "fused_decoder_layer: slot_mapping must be int64 with one slot per row");
+  const Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous(), slots = slot_mapping.contiguous();
+  TORCH_CHECK(cos.dim() == 2 && cos.size(0) == nt && cos.size(1) == D && sin.sizes() == cos.sizes(),
+              "fused_decoder_layer: cos/sin must be [T, head_dim]");
+  const Handles& h = H();
+
+  // attention block
+  const Tensor hn = h.rms_norm.call(x, L.in_norm, L.eps);
+  const Tensor qkv = L.qkv.run(hn);  // [T, padded q | k | v columns], x's dtype
+  Tensor qn, kn;
+  if (L.q_norm.numel()) {
+    qn = h.rms_norm.call(qkv.narrow(1, 0, L.heads * D).view({nt, L.heads, D}), L.q_norm, L.qk_eps);
+    kn = h.rms_norm.call(qkv.narrow(1, L.k_col, L.kv_heads * D).view({nt, L.kv_heads, D}), L.k_norm, L.qk_eps);
+    TORCH_CHECK(qn.scalar_type() == dt && kn.scalar_type() == dt, "fused_decoder_layer: q/k norm dtype");
+    qn = qn.contiguous();
+    kn = kn.contiguous();
+  }
+  Tensor q = at::empty({nt, L.heads, D}, x.options());
+  if (dt == at::kFloat)
+    attention_inputs<float>(L, qkv, qn, kn, cos, sin, k_cache, v_cache, slots, q);
+  else
+    attention_inputs<at::BFloat16>(L, qkv, qn, kn, cos, sin, k_cache, v_cache, slots, q);
+  const Tensor att = h.attention.call(q, k_cache, v_cache, q_start, q_len, kv_len, kv_slots, kv_offsets,
+                                      L.attn_scale, true);
+  const Tensor o = L.o.run(att.view({nt, L.heads * D}));
+
+  // MLP block: x1 = x + o and its norm in one pass (the sum rounded to x's dtype first, as `x + o` is)
+  auto [h2, x1] = h.add_norm.call(o, x, L.post_norm, L.eps);
+  const Tensor gu = L.gate_up.run(h2);
+  const Tensor act = h.silu_mul.call(gu.narrow(1, 0, L.inter), gu.narrow(1, L.up_col, L.inter));
+  return at::add(x1, L.down.run(act));
+}
+
+}  // namespace fl
+
+TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
+  m.class_<fl::FusedLayer>("FusedLayer")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>());
+  m.def("fused_decoder_layer(__torch__.torch.classes.dflash_trt.FusedLayer state, Tensor x, Tensor cos, "
+        "Tensor sin, Tensor k_cache, Tensor v_cache, Tensor slot_mapping, Tensor q_start, Tensor q_len, "
+        "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets) -> Tensor");
+  m.def("fused_layer_ready() -> str", []() -> std::string {
+    try {
+      fl::H();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  });
+}
+
+TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) { m.impl("fused_decoder_layer", &fl::fused_decoder_layer); }
