@@ -27,7 +27,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -208,20 +207,16 @@ class LlamaCppDFlash:
 
     def __init__(self, binary, target_gguf, draft_gguf, tokenizer, n_ctx, threads, block_size):
         self.cmd = [binary, "-m", target_gguf, "-md", draft_gguf, "--spec-type", "draft-dflash",
-                    "--spec-draft-n-max", str(block_size - 1), "-c", str(n_ctx), "-cd", str(n_ctx),
-                    "-t", str(threads), "-tb", str(threads), "-td", str(threads), "--temp", "0", "--ignore-eos",
-                    "--no-warmup"]
+                    "--spec-draft-n-max", str(block_size - 1), "-c", str(n_ctx), "-t", str(threads),
+                    "-tb", str(threads), "-td", str(threads), "--temp", "0", "--ignore-eos"]
         self.target_gguf, self.draft_gguf, self.block = target_gguf, draft_gguf, block_size
         self.tok = tokenizer
         self.predicted = self.accepted = 0
 
     def run(self, p, n):
         prompt = self.tok.decode(p)  # special tokens as text: llama.cpp parses them back
-        with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
-            f.write(prompt)
-            f.flush()
-            # it commits one token past -n: ask for n - 1
-            r = subprocess.run(self.cmd + ["-f", f.name, "-n", str(n - 1)], capture_output=True, text=True)
+        # it commits one token past -n: ask for n - 1
+        r = subprocess.run(self.cmd + ["-p", prompt, "-n", str(n - 1)], capture_output=True, text=True)
         log = r.stdout + r.stderr
         got = {k: re.search(v, log) for k, v in self.STATS.items()}
         if r.returncode != 0 or not all(got.values()):
@@ -263,7 +258,11 @@ def quantized_gguf(f32: str, kind: str) -> str:
 
 def drafter_gguf(draft: str, target: str, converter: str, out_dir: str) -> str:
     """The drafter converted by llama.cpp's convert_hf_to_gguf.py (F32: our bf16 weights exactly), cached."""
-    out = os.path.join(out_dir, os.path.basename(os.path.normpath(draft)) + ".dflash.F32.gguf")
+    import hashlib
+
+    with open(os.path.join(draft, "model.safetensors"), "rb") as f:  # a retrained drafter gets a file of its own
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    out = os.path.join(out_dir, f"{os.path.basename(os.path.normpath(draft))}.{digest}.dflash.F32.gguf")
     if not os.path.isfile(out):
         print("[peers] converting the drafter to GGUF (llama.cpp convert_hf_to_gguf.py)", file=sys.stderr)
         env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(converter), "gguf-py"))
