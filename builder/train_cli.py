@@ -489,7 +489,9 @@ def _train(args, group) -> int:
                       gamma=recipe["gamma"], dpace_alpha=recipe["dpace_alpha"], schedule=recipe["schedule"],
                       warmup_frac=recipe["warmup_frac"], decay_frac=recipe["decay_frac"],
                       autocast=recipe["autocast"])
-    log("recipe: " + ", ".join(f"{_flag(k)} {v}" for k, v in recipe.items() if v is not None))
+    unused = {"dpace_alpha"} if recipe["loss_weights"] == "exp" else {"gamma"}
+    unused |= {"decay_frac"} if recipe["schedule"] == "cosine" else set()
+    log("recipe: " + ", ".join(f"{_flag(k)} {v}" for k, v in recipe.items() if v is not None and k not in unused))
     embed_w = target.model.embed_tokens.weight.detach()
     head_w = target.head_weight.detach()
     trainer = Trainer(drafter, embed_w, head_w, train_seqs, cfg, os.path.join(out, "checkpoint"), log=log,
