@@ -1,7 +1,7 @@
 """Aggregate and per-user decode tokens/s at several concurrencies, AR vs DFlash, through the batching runtime.
 
     python benchmarks/batching.py [--target DIR --draft DIR] [--concurrency 1,4,16,32] [--max-tokens 64]
-        [--dataset humaneval|mtbench] [--fixed-too]
+        [--dataset humaneval|mtbench] [--fixed-too] [--linear-too] [--dtype float32|bfloat16]
 
 A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair and short
 coding requests decoded to max_tokens; --dataset: that benchmark's prompts, each ending at EOS or max_tokens).
@@ -70,7 +70,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--policy", default="adaptive", help="DFlash draft-length policy: adaptive or fixed")
     ap.add_argument("--fixed-too", action="store_true", help="also run DFlash with the fixed full draft length")
+    ap.add_argument("--linear-too", action="store_true",
+                    help="also run adaptive DFlash pricing passes by the 1-to-16-row straight line (no cost curve)")
     ap.add_argument("--dataset", default=None, help="humaneval or mtbench prompts (chat template, stop at EOS)")
+    ap.add_argument("--dtype", default="float32", help="weights and activations of both engines: float32 or bfloat16")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from dflash_trt import LLM
@@ -84,15 +87,19 @@ def main():
         from dflash_trt.bench.datasets import load_dataset, select
         reqs, _ = select(load_dataset(args.dataset).requests, args.num_requests)
         prompts = [r.prompt for r in reqs]
-    engines = {"AR": LLM(target=args.target, speculative=False, max_batch_size=max(conc)),
-               "DFlash": LLM(target=args.target, draft=args.draft, speculative=True, max_batch_size=max(conc),
-                             draft_len_policy=args.policy)}
+    common = dict(target=args.target, max_batch_size=max(conc), dtype=args.dtype)
+    engines = {"AR": LLM(speculative=False, **common),
+               "DFlash": LLM(draft=args.draft, speculative=True, draft_len_policy=args.policy, **common)}
     if args.fixed_too:
-        engines["fixed K"] = LLM(target=args.target, draft=args.draft, speculative=True, max_batch_size=max(conc),
-                                 draft_len_policy="fixed")
+        engines["fixed K"] = LLM(draft=args.draft, speculative=True, draft_len_policy="fixed", **common)
     c = engines["DFlash"].engine.policy.costs
-    print(f"DFlash ({args.policy}) step costs measured at start (units of a one-row target pass): verify row "
-          f"{c.row:.3f}, drafter pass {c.draft:.3f} + {c.draft_row:.3f} per request")
+    if args.linear_too:  # the same measured figures, less the curves
+        engines["linear"] = LLM(draft=args.draft, speculative=True, **common,
+                                step_costs={"row": c.row, "draft": c.draft, "draft_row": c.draft_row})
+    print(f"{args.dtype}; DFlash ({args.policy}) step costs measured at start (units of a pass's fixed cost): "
+          f"verify row {c.row:.3f}, drafter pass {c.draft:.3f} + {c.draft_row:.3f} per request; target pass by "
+          f"rows {', '.join(f'{n:g}: {v:.2f}' for n, v in c.curve)}; drafter pass by requests "
+          f"{', '.join(f'{n:g}: {v:.2f}' for n, v in c.draft_curve)}")
     names = list(engines)
     print(f"{'conc':>4s} " + " ".join(f"{n + ' agg':>13s}" for n in names) + " " +
           " ".join(f"{n + '/AR':>11s}" for n in names[1:]) + " " + " ".join(f"{n + ' tau':>11s}" for n in names[1:])

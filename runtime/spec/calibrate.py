@@ -1,14 +1,19 @@
 """Measures the draft-length policy's step costs on this machine, with these models, at engine start.
 
-The policy (spec/policy.py) weighs committed tokens against what a step costs: `fixed` for a target
-pass, `row` per verify row, `draft` per drafter pass and `draft_row` per drafting request. Those ratios move a lot
-with the device, the thread count and the model size (on this 2-core CPU `row` is 0.09 of a step at one thread
-and 0.055 at two), so constants measured once elsewhere send requests to the wrong K. Real engine steps and
-drafter passes on scratch requests, the fastest of a few tries each (the others met a busy machine), give them:
+The policy (spec/policy.py) weighs committed tokens against what a step costs: T(n) for a target pass over n
+rows and D(B) for a drafter pass drafting for B requests. Those costs move a lot with the device, the thread
+count and the model size, and on a CPU T is not a straight line (rows are nearly free while the matmuls stream
+the weights, and cost their full compute once they turn compute-bound), so constants measured once elsewhere, or
+a slope taken between two small batches, send requests to the wrong K. Real engine steps and drafter passes on
+scratch requests, the fastest of a few tries each (the others met a busy machine), give the curves' points:
 
-    1 request decoding (1 row): F + r         16 requests decoding (16 rows): F + 16r
-    drafter pass for 1 request: D + d         drafter pass for 16 requests:  D + 16d
-    (a drafter pass here includes writing the K+1 context rows the request's last step committed)
+    target pass: 1 request decoding (1 row), 4 requests (4 rows), 16 requests (16 rows), and 8 requests
+                 verifying K drafts each (8 (K+1) rows: what a loaded batch verifies, query blocks and all;
+                 beyond it the curve goes on with that last slope)
+    drafter pass: for 1, 4 and 16 requests (each including writing the K+1 context rows its last step committed)
+
+The returned figures are in units of a pass's fixed cost (the 1..16-row line's value at 0 rows): `row`, `draft`
+and `draft_row` are those straight lines, `curve` and `draft_curve` the measured points.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from ..sequence import Sequence
 
 CONTEXT = 48  # cached positions of each scratch request (attention cost of a short chat turn)
 N = 16  # requests of the wide measurements (more rows: a difference well above the noise)
+MID = 4  # requests of the middle point, where a CPU's rows are still nearly free
+VERIFY = 8  # requests of the verify point: past the CPU's turn to compute-bound, and half the start time of 16
 
 
 def _fastest(runs: dict, tries: int) -> dict:
@@ -41,13 +48,17 @@ def _fastest(runs: dict, tries: int) -> dict:
 
 def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, tries: int = 4,
                        confidence: bool = False) -> dict | None:
-    """Returns {"row", "draft", "draft_row"} in units of a one-row target pass, or None without cache room.
-    A proposer without a model pass (pass_cost False) drafts for free: only `row` is measured. confidence: time
-    the drafts as the engine will make them (with the drafter's probabilities, for the confidence cut)."""
+    """Returns {"row", "draft", "draft_row", "curve", "draft_curve"} in units of a pass's fixed cost, or None
+    without cache room. A proposer without a model pass (pass_cost False) drafts for free: only the target's
+    costs are measured. confidence: time the drafts as the engine will make them (with the drafter's
+    probabilities, for the confidence cut)."""
     seqs: list[Sequence] = []
 
     def decode(group):
         runner.run([Scheduled(s, 1, 0, False) for s in group], {})
+
+    def verify(group):
+        runner.run([Scheduled(s, k + 1, k, False) for s in group], {s.seq_id: [token_id] * k for s in group})
 
     def draft(group):  # what a drafting request adds to a step: its last K+1 rows' context, then the drafter
         for s in group:
@@ -59,9 +70,11 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
                                            pos.to(runner.device), slots.to(runner.device))]
         proposer.propose([Scheduled(s, k + 1, k, False) for s in group], want_confidence=confidence)
 
-    runs = {"one": decode, "wide": decode}
+    # name: (what runs, requests, target rows)
+    runs = {"one": (decode, 1, 1), "mid": (decode, MID, MID), "wide": (decode, N, N),
+            "verify": (verify, VERIFY, VERIFY * (k + 1))}
     if proposer.pass_cost:
-        runs.update(d_one=draft, d_wide=draft)
+        runs.update(d_one=(draft, 1, 0), d_mid=(draft, MID, 0), d_wide=(draft, N, 0))
     try:
         for _ in range(N):
             s = Sequence([token_id] * CONTEXT, SamplingParams(max_tokens=k + 1, seed=0))
@@ -70,8 +83,7 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
                 return None
             blocks.grow(s, CONTEXT + k + 1)
             seqs.append(s)
-        t = _fastest({name: (fn, seqs[:1] if name in ("one", "d_one") else seqs) for name, fn in runs.items()},
-                     tries)
+        t = _fastest({name: (fn, seqs[:n]) for name, (fn, n, _) in runs.items()}, tries)
     finally:
         for s in seqs:
             blocks.release(s)
@@ -79,8 +91,11 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     one, wide = t["one"], t["wide"]
     r = max((wide - one) / (N - 1), 0.0)
     fixed = max(one - r, 1e-6)
-    if not proposer.pass_cost:
-        return {"row": r / fixed, "draft": 0.0, "draft_row": 0.0}
-    d_one, d_wide = t["d_one"], t["d_wide"]
-    d = max((d_wide - d_one) / (N - 1), 0.0)
-    return {"row": r / fixed, "draft": max(d_one - d, 0.0) / fixed, "draft_row": d / fixed}
+    out = {"row": r / fixed, "draft": 0.0, "draft_row": 0.0,
+           "curve": [(rows, t[name] / fixed) for name, (fn, _, rows) in runs.items() if fn is not draft]}
+    if proposer.pass_cost:
+        d_one, d_wide = t["d_one"], t["d_wide"]
+        d = max((d_wide - d_one) / (N - 1), 0.0)
+        out.update(draft=max(d_one - d, 0.0) / fixed, draft_row=d / fixed,
+                   draft_curve=[(n, t[name] / fixed) for name, (fn, n, _) in runs.items() if fn is draft])
+    return out

@@ -9,16 +9,21 @@ The adaptive rule: the K that maximises committed tokens per unit of time.
 
 A request's drafts are accepted position by position with some probability p (estimated from its own history,
 starting from the engine-wide rate), so K drafts commit E(K) = 1 + p + ... + p^K tokens per step. What a step
-costs depends on the machine and the load: a target pass streams the weights once (`fixed`) and pays `row` per
-row it verifies, and drafting adds `draft` plus `draft_row` per drafting request (all in units of `fixed`).
-Autoregressive decoding of the same batch B commits 1 token per request for fixed + row * B, so a request drafts
-K > 0 only when E(K) / cost(K) beats that: DFlash never runs where it would be slower than plain decoding.
+costs depends on the machine and the load: a target pass over n rows costs T(n), and drafting for B requests
+adds a drafter pass D(B). Autoregressive decoding of the same batch B commits 1 token per request for T(B), so
+a request drafts K > 0 only when E(K) / (T(B (K+1)) + D(B)) beats 1 / T(B): DFlash never runs where it would be
+slower than plain decoding.
 
-On a CPU the target's matmuls are compute-bound already at a few rows, so verify rows are expensive and K shrinks
-with load; on a GPU they are nearly free at small batch and K stays at the maximum. The costs are measured once
-at engine start (runtime/calibrate.py; rank 0's figures on every tensor-parallel rank); after that the policy
-uses only token statistics, never clocks, so every rank chooses the same K. Outputs never depend on K: greedy and
-seeded sampled tokens are the target's own whatever is drafted.
+T is not a straight line on a CPU: a pass streams the weights once, so rows are nearly free while the matmuls
+are memory-bound, and each row costs its full compute once they are not (and verify blocks attend with several
+query rows). A slope taken between 1 and 16 rows then prices the 64+ rows of a batch of 16 verifying K = 3 far
+too low, and the policy drafts where it loses. So T and D are measured at a few points (runtime/spec/
+calibrate.py) and interpolated piecewise linearly, extrapolated by the last segment's slope (`StepCosts`); the
+straight lines `row`, `draft` and `draft_row` (all in units of a pass's fixed cost) are the fallback where
+nothing is measured or the costs are given. On a GPU rows are nearly free at small batch and K stays at the
+maximum. The costs are measured once at engine start (rank 0's figures on every tensor-parallel rank); after
+that the policy uses only token statistics, never clocks, so every rank chooses the same K. Outputs never
+depend on K: greedy and seeded sampled tokens are the target's own whatever is drafted.
 """
 from __future__ import annotations
 
@@ -32,11 +37,54 @@ CPU_COSTS = {"row": 0.09, "draft": 0.13, "draft_row": 0.05}
 GPU_COSTS = {"row": 0.002, "draft": 0.08, "draft_row": 0.002}
 
 
+def piecewise(points, x: float) -> float:
+    """The broken line through `points` ((x, y), x ascending, at least two) at x: interpolated between them,
+    extended by the first segment below the first point and by the last segment above the last."""
+    (x0, y0), (x1, y1) = points[0], points[1]
+    for i in range(1, len(points)):
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+        if x <= x1:
+            break
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def monotone_curve(points) -> tuple:
+    """Measured (x, cost) points as a curve: sorted, one point per x, costs never falling as x grows (a noisy
+    measurement that makes more rows look cheaper would make the policy draft for nothing)."""
+    out = []
+    for x, y in sorted(points):
+        y = max(y, out[-1][1]) if out else y
+        if out and x == out[-1][0]:
+            out[-1] = (x, y)
+        elif not out or x > out[-1][0]:
+            out.append((float(x), float(y)))
+    return tuple(out)
+
+
 @dataclass
 class StepCosts:
     row: float
     draft: float
     draft_row: float
+    # measured (rows, cost) of target passes and (drafting requests, cost) of drafter passes, in the same units
+    # (a pass's fixed cost); where given they replace the straight lines above
+    curve: tuple = ()
+    draft_curve: tuple = ()
+
+    def __post_init__(self):
+        self.curve = monotone_curve(self.curve) if len(self.curve) >= 2 else ()
+        self.draft_curve = monotone_curve(self.draft_curve) if len(self.draft_curve) >= 2 else ()
+
+    def target(self, rows: int) -> float:
+        """T(rows): one target pass over `rows` rows."""
+        return piecewise(self.curve, rows) if self.curve else 1.0 + self.row * rows
+
+    def drafter(self, requests: int) -> float:
+        """D(requests): one drafter pass drafting for `requests` requests (0 when nothing drafts)."""
+        if requests <= 0:
+            return 0.0
+        return max(piecewise(self.draft_curve, requests), 0.0) if self.draft_curve else \
+            self.draft + self.draft_row * requests
 
     @classmethod
     def for_device(cls, device: str, override: dict | None = None) -> "StepCosts":
@@ -62,11 +110,10 @@ MARGIN = 0.05
 def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts, margin: float = 0.0) -> int:
     """The K in 0..k_max with the most tokens per unit time when `batch` requests decode together (K > 0 only
     when it beats autoregressive decoding by `margin`)."""
-    base = (1.0 + margin) / (1.0 + costs.row * batch)  # autoregressive: 1 token per request per step
-    best_k, best = 0, base
+    best_k, best = 0, (1.0 + margin) / costs.target(batch)  # autoregressive: 1 token per request per step
+    drafting = costs.drafter(batch)
     for k in range(1, k_max + 1):
-        cost = 1.0 + costs.row * batch * (k + 1) + costs.draft + costs.draft_row * batch
-        rate = expected_tokens(p, k) / cost
+        rate = expected_tokens(p, k) / (costs.target(batch * (k + 1)) + drafting)
         if rate > best * (1.0 + 1e-9):
             best_k, best = k, rate
     return best_k
@@ -182,6 +229,7 @@ class SpecPolicy:
         costs = StepCosts.for_device(device, cfg.step_costs or measured)
         if not pass_cost:
             costs.draft = costs.draft_row = 0.0
+            costs.draft_curve = ()
         return cls(cfg, max_draft_len, device, costs, supports_confidence)
 
     @property
