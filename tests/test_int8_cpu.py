@@ -1,9 +1,6 @@
 """int8 weight panels (W8A16) and the `weights` load option: the int8 kernel is bitwise the fp32 kernel on the
 dequantised weight (every SIMD path, any batch), and an engine loaded with weights="int8" decodes greedy DFlash
 token for token as its own AR, from a quarter of the target's weight bytes."""
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -127,12 +124,12 @@ def test_bf16_and_fp8_weights_pack_their_panels(pair):
         assert target.head_packed.dtype == dtype, mode
 
 
-def test_bad_weights_are_one_line_errors(pair):
+def test_bad_weights_are_one_line_errors(pair, capsys):
+    from dflash_trt.cli.generate import main as generate
+
     t, _ = pair
-    r = subprocess.run([sys.executable, "-m", "dflash_trt.cli.generate", "--target", t, "--no-spec", "--weights",
-                        "int4", "--prompt", "hi", "--max-tokens", "2"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error: weights (--weights) must be one of "
-                                                                     "auto, bf16, int8, fp8, got 'int4'"), r.stderr
+    assert generate(["--target", t, "--no-spec", "--weights", "int4", "--prompt", "hi", "--max-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: weights (--weights) must be one of auto, bf16, int8, fp8, got 'int4'\n"
     with pytest.raises(DFlashError, match="invariant_kernels on"):
         LLM(target=t, speculative=False, weights="int8", invariant_kernels=False)
