@@ -216,6 +216,8 @@ def fuse_projections(model: nn.Module) -> None:
         att, mlp = layer.self_attn, layer.mlp
         if type(att) is not Attention or type(mlp) is not MLP:
             continue
+        if type(att.o_proj) is not Linear or type(mlp.down_proj) is not Linear:  # tensor parallel
+            continue
         if any(type(n) is not RMSNorm for n in (layer.input_layernorm, layer.post_attention_layernorm,
                                                  att.q_norm or layer.input_layernorm,
                                                  att.k_norm or layer.input_layernorm)):
