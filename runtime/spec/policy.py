@@ -15,9 +15,10 @@ a request drafts K > 0 only when E(K) / (T(B (K+1)) + D(B)) beats 1 / T(B): DFla
 slower than plain decoding.
 
 T is not a straight line on a CPU: a pass streams the weights once, so rows are nearly free while the matmuls
-are memory-bound, and each row costs its full compute once they are not (and verify blocks attend with several
-query rows). A slope taken between 1 and 16 rows then prices the 64+ rows of a batch of 16 verifying K = 3 far
-too low, and the policy drafts where it loses. So T and D are measured at a few points (runtime/spec/
+are memory-bound and cost their full compute once they are not, a one-row pass may take a kernel path of its
+own, and verify blocks attend with several query rows. A straight line through two batch sizes then misprices
+the others (the 64+ rows of 16 requests verifying K = 3, or the 2-8 rows of one), and the policy drafts where it
+loses or declines where it would win. So T and D are measured at a few points (runtime/spec/
 calibrate.py) and interpolated piecewise linearly, extrapolated by the last segment's slope (`StepCosts`); the
 straight lines `row`, `draft` and `draft_row` (all in units of a pass's fixed cost) are the fallback where
 nothing is measured or the costs are given. On a GPU rows are nearly free at small batch and K stays at the
@@ -40,7 +41,6 @@ GPU_COSTS = {"row": 0.002, "draft": 0.08, "draft_row": 0.002}
 def piecewise(points, x: float) -> float:
     """The broken line through `points` ((x, y), x ascending, at least two) at x: interpolated between them,
     extended by the first segment below the first point and by the last segment above the last."""
-    (x0, y0), (x1, y1) = points[0], points[1]
     for i in range(1, len(points)):
         (x0, y0), (x1, y1) = points[i - 1], points[i]
         if x <= x1:
