@@ -83,4 +83,7 @@ def repack_target(target, mode: str, sharded: bool = False) -> int:
     else:
         target.head_packed = pack(target.head_weight.data)
         count += 1
+    from .models.target import fuse_projections
+
+    fuse_projections(target)  # q/k/v and gate/up fused again from the new panels (the old fused ones go)
     return count

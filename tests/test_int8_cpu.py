@@ -102,6 +102,9 @@ def test_int8_engine_dflash_equals_its_ar(pair):
     lin = target.model.layers[0].mlp.down_proj
     assert lin.packed.dtype == torch.int8 and lin.weight.numel() == 0  # only the int8 panels remain
     assert target.head_packed.dtype == torch.int8  # the (tied) head too
+    layer = target.model.layers[0]
+    assert layer.self_attn.qkv.packed.dtype == torch.int8 and layer.mlp.gate_up.packed.dtype == torch.int8
+    assert layer.fusable  # the fused projections and the one-op layer run on the int8 panels
     assert spec.engine.drafter.layers[0].mlp.down_proj.packed.dtype == torch.float32  # the drafter as it was
     out = spec.generate(prompts, sp)  # three requests batched
     alone = [spec.generate([p], sp)[0] for p in prompts]
