@@ -158,8 +158,8 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     # a tiny target pass costs about what a tiny drafter pass does: drafting is far from free here, unlike the
     # CPU defaults for a real model (a tiny pass's row figures are mostly timer noise: only their signs are sure)
     assert c.row >= 0 and c.drafter(1) > 0.1 and c.draft_row >= 0, c
-    # the curves' points: target passes over 1, 4, 16 decode rows and 8 requests' verify blocks of K + 1 = 4
-    # rows, drafter passes for 1, 4 and 16 requests, costs never falling
+    # the curves' points: target passes over 1 decode row, one verify block of K + 1 = 4 rows, 16 decode rows and
+    # 8 requests' verify blocks, drafter passes for 1, 4 and 16 requests, costs never falling
     assert [n for n, _ in c.curve] == [1, 4, 16, 32] and [n for n, _ in c.draft_curve] == [1, 4, 16], c
     assert c.curve[0][1] >= 1 and all(a[1] <= b[1] for a, b in zip(c.curve, c.curve[1:])), c
     assert c.target(1) == pytest.approx(c.curve[0][1]) and c.drafter(16) == pytest.approx(c.draft_curve[-1][1])

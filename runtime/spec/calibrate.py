@@ -7,9 +7,9 @@ the weights, and cost their full compute once they turn compute-bound), so const
 a slope taken between two small batches, send requests to the wrong K. Real engine steps and drafter passes on
 scratch requests, the fastest of a few tries each (the others met a busy machine), give the curves' points:
 
-    target pass: 1 request decoding (1 row), 4 requests (4 rows), 16 requests (16 rows), and 8 requests
-                 verifying K drafts each (8 (K+1) rows: what a loaded batch verifies, query blocks and all;
-                 beyond it the curve goes on with that last slope)
+    target pass: 1 request decoding (1 row), 1 request verifying K drafts (K+1 rows), 16 requests decoding
+                 (16 rows), and 8 requests verifying K drafts each (8 (K+1) rows: what a loaded batch
+                 verifies, query blocks and all; beyond it the curve goes on with that last slope)
     drafter pass: for 1, 4 and 16 requests (each including writing the K+1 context rows its last step committed)
 
 The returned figures are in units of a pass's fixed cost (the 1..16-row line's value at 0 rows): `row`, `draft`
@@ -27,7 +27,7 @@ from ..sequence import Sequence
 
 CONTEXT = 48  # cached positions of each scratch request (attention cost of a short chat turn)
 N = 16  # requests of the wide measurements (more rows: a difference well above the noise)
-MID = 4  # requests of the middle point, where a CPU's rows are still nearly free
+MID = 4  # requests of the drafter's middle point
 VERIFY = 8  # requests of the verify point: past the CPU's turn to compute-bound, and half the start time of 16
 
 
@@ -71,7 +71,9 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
         proposer.propose([Scheduled(s, k + 1, k, False) for s in group], want_confidence=confidence)
 
     # name: (what runs, requests, target rows)
-    runs = {"one": (decode, 1, 1), "mid": (decode, MID, MID), "wide": (decode, N, N),
+    # a pass's cost follows its requests as well as its rows (each has its own attention and bookkeeping), so
+    # each point is measured as the policy uses it: one request verifying K drafts is the batch-of-one choice
+    runs = {"one": (decode, 1, 1), "block": (verify, 1, k + 1), "wide": (decode, N, N),
             "verify": (verify, VERIFY, VERIFY * (k + 1))}
     if proposer.pass_cost:
         runs.update(d_one=(draft, 1, 0), d_mid=(draft, MID, 0), d_wide=(draft, N, 0))
