@@ -9,6 +9,18 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/ only: `import tiny`
 torch.set_num_threads(int(os.environ.get("DFLASH_TEST_THREADS") or max(1, min(2, os.cpu_count() or 1))))
 
 
+@pytest.fixture(scope="module")
+def invariant_kernels():
+    """The batch-invariant kernels built and loaded; the ISA and thread count a module's tests change restored."""
+    from dflash_trt.plugins import invariant as bi
+
+    bi.load()
+    threads = torch.get_num_threads()
+    yield bi
+    bi.set_isa("auto")
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_pairs(tmp_path_factory):
     """Tiny random targets (Llama GQA, Llama tied + llama3 rope, Qwen3) each with a random drafter."""

@@ -10,13 +10,7 @@ from dflash_trt.errors import DFlashError
 from dflash_trt.plugins import invariant as bi
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernels():
-    bi.load()
-    threads = torch.get_num_threads()
-    yield
-    bi.set_isa("auto")
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("invariant_kernels")
 
 
 def _deq(w):

@@ -11,13 +11,7 @@ import torch.nn.functional as F
 bi = pytest.importorskip("dflash_trt.plugins.invariant")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _built():
-    bi.load()
-    threads = torch.get_num_threads()
-    yield
-    bi.set_isa("auto")
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("invariant_kernels")
 
 
 def _isas() -> list[str]:
