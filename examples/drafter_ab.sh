@@ -3,13 +3,14 @@
 # (builder/data/sd_domains_seed1.jsonl.xz: 1,082 of the target's own answers), one thread, one arm after another,
 # then one report of every arm (and the shipped drafter) per record kind and on HumanEval / MT-Bench.
 # Resumable: an arm resumes from its checkpoint, a finished one is skipped; the arms share one feature cache.
-#   OUT=/work/ab STEPS=150 bash examples/drafter_ab.sh
+#   OUT=/work/ab STEPS=150 bash examples/drafter_ab.sh       (AUTOCAST=bf16 on a CPU with bf16 hardware; REPORT=0: arms only)
 # Cost on a 2-core development CPU (one thread, other jobs beside it): the feature cache ~1 CPU-hour once (283K
 # tokens), each arm STEPS x ~3-6 s, the report ~25 min.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/work/ab}
 STEPS=${STEPS:-150}
+AUTOCAST=${AUTOCAST:-float32}  # bf16 pays only where the CPU has bf16 hardware (AVX512-BF16 / AMX)
 SHIP=${SHIP:-$HERE/runtime/assets/smollm2-dflash}
 DATA=$OUT/data1082.jsonl
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
@@ -25,7 +26,7 @@ arm() {
   mkdir -p "$out"
   [ -e "$out/features" ] || ln -s "$OUT/features" "$out/features"
   dflash-train --output "$out" --data "$DATA" --init-from "$SHIP" --num-layers 3 --target-layer-ids 1 8 14 20 27 \
-    --max-steps "$STEPS" --threads 1 --split tasks --eval-every 100000 --save-every 50 --log-every 25 --resume "$@" \
+    --max-steps "$STEPS" --threads 1 --split tasks --eval-every 100000 --save-every 50 --log-every 25 --autocast "$AUTOCAST" --resume "$@" \
     >> "$out/log.txt" 2>&1
   touch "$out/done"
 }
@@ -46,6 +47,7 @@ for arm in sys.argv[2:]:
         json.dump({"note": "the shipped drafter's vocabulary and this run's label tokens", "token_ids": ids}, f)
     os.replace(p + ".tmp", p)
 PY
+[ "${REPORT:-1}" = 1 ] || exit 0
 [ -d "$OUT/trim995" ] || python -m dflash_trt.builder.vocab_trim "$SHIP" --data "$DATA" --coverage 0.995 --output "$OUT/trim995"
 DRAFTERS=("$SHIP" "$OUT/trim995")
 for a in "${ARMS[@]}"; do DRAFTERS+=("$a/drafter"); done
