@@ -3,7 +3,7 @@ ignored everywhere): Hugging Face `generate` (AR), the z-lab reference `dflash.m
 llama.cpp through llama-cpp-python (AR on a GGUF), and ours (AR and DFlash).
 
     python benchmarks/peers.py [--target DIR --draft DIR] [--dataset humaneval] [--num-prompts 4]
-                               [--max-tokens 64] [--threads 2] [--dtype float32|bfloat16] [--weights auto|bf16|int8|fp8]
+                               [--max-tokens 64] [--threads 2] [--dtype float32|bfloat16] [--weights auto|bf16|int8|w8a8|fp8]
                                [--gguf FILE] [--llamacpp-bin DIR] [--only ours,hf,zlab,llamacpp]
 
 Default model: the embedded SmolLM2-135M-Instruct pair. Its llama.cpp models come from one F32 GGUF made by

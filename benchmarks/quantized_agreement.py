@@ -42,7 +42,7 @@ PROMPTS = ["Write a Python function that returns the n-th triangular number.",
            "Write an email asking a colleague to review a pull request.",
            "What are the pros and cons of working from home?"]
 FORMATS = ("fp8", "nvfp4")
-WEIGHT_FORMATS = ("bf16", "int8", "fp8")
+WEIGHT_FORMATS = ("bf16", "int8", "w8a8", "fp8")
 
 
 def build(fmt: str, target: str, draft: str, out: str, calib_samples: int) -> str:
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--weights", default="", help="instead: these runtime weight formats (comma-separated: bf16, "
-                    "int8, fp8) against the fp32 target and transformers")
+                    "int8, w8a8, fp8) against the fp32 target and transformers")
     args = ap.parse_args(argv)
     bad = [f for f in args.formats.split(",") if f and f not in FORMATS]
     bad_w = [w for w in args.weights.split(",") if w and w not in WEIGHT_FORMATS]

@@ -1,7 +1,7 @@
 """How close DFlash decoding at concurrency 1 comes to its physical limit, and where the rest of a step goes.
 
     python benchmarks/spec_limit.py [--target DIR --draft DIR] [--max-tokens 128] [--threads 1] [--k 7]
-                                    [--dtype float32|bfloat16] [--weights auto|bf16|int8|fp8]
+                                    [--dtype float32|bfloat16] [--weights auto|bf16|int8|w8a8|fp8]
 
 Times, inside real decoding of the same prompts: the target forward + head of an autoregressive step (t_AR), of a
 verify step over K+1 rows (t_verify), and the drafter forward + draft head (t_draft). The physical limit of
@@ -68,7 +68,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--k", type=int, help="draft length (default: block_size - 1)")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    ap.add_argument("--weights", default="auto", help="the target's weights: auto, bf16, int8, fp8 (EngineConfig)")
+    ap.add_argument("--weights", default="auto", help="the target's weights: auto, bf16, int8, w8a8, fp8 (EngineConfig)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from dflash_trt import LLM, SamplingParams

@@ -156,6 +156,28 @@ def pack_linear_int8(weight: torch.Tensor, scale: torch.Tensor | None = None) ->
     return PackedLinear(w.view(p, PANEL, k).permute(0, 2, 1).contiguous(), n, k, s.contiguous())
 
 
+def pack_linear_w8a8(weight: torch.Tensor, scale: torch.Tensor | None = None) -> PackedLinear:
+    """int8 weights for integer dot products (W8A8): the codes and scales of pack_linear_int8, laid out in
+    k-quads (int32 [P, K/4, 32], byte b of an int32 is k = 4q + b) as AVX-512 VNNI reads them. The kernel
+    quantises x per row and K chunk (max|x| / 127, round to nearest), so a row never depends on its batch; the
+    integer sums are exact on every ISA. K must be a multiple of 4 (of 4 * k_splits under chunked sums)."""
+    if weight.dtype != torch.int8:
+        assert scale is None, "a float weight is quantised here: pass no scale"
+        weight, scale = quantize_int8(weight)
+    assert weight.dim() == 2 and scale is not None, "int8 codes [N, K] need their scale"
+    n, k = weight.shape
+    assert k % 4 == 0, f"W8A8 panels need K divisible by 4, got {k}"
+    p = (n + PANEL - 1) // PANEL
+    s = scale.detach().float().cpu().flatten()
+    assert s.numel() == n, "scale: one per output row"
+    w = weight.detach().cpu()
+    if p * PANEL != n:
+        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
+        s = torch.cat([s, s.new_zeros(p * PANEL - n)])
+    quads = w.view(p, PANEL, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return PackedLinear(quads.view(torch.int32).view(p, k // 4, PANEL), n, k, s.contiguous())
+
+
 def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> PackedLinear:
     """Pack once at load. dtype: torch.float32 or torch.bfloat16 (default: the weight's own if one of those,
     else float32). bf16 halves memory traffic; accumulation is fp32 either way."""

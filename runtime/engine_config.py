@@ -38,8 +38,8 @@ class EngineConfig:
     # FP8 targets: native FP8 GEMMs (weights and activations in e4m3, as TensorRT-LLM runs them); default: on
     # GPUs with FP8 tensor cores (compute capability >= 8.9), off elsewhere; True forces them (CPU too)
     fp8_compute: bool | None = None
-    # the target's weights on CPU (runtime/int8_weights.py): "auto" (as the checkpoint loads), "bf16", "int8"
-    # or "fp8" (per-channel, quantised at load; fewer bytes per decode step, the logits move by the rounding)
+    # the target's weights on CPU (runtime/int8_weights.py): "auto" (as the checkpoint loads), "bf16", "int8",
+    # "w8a8" (int8 weights and per-row int8 activations, integer dot products) or "fp8" (per-channel, quantised at load; fewer bytes per decode step, the logits move by the rounding)
     weights: str = "auto"
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True

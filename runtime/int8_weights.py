@@ -6,12 +6,17 @@ its head (lm_head, or the tied embedding matrix as a head) are packed again:
 
 - "int8": per-output-channel symmetric int8 (scale = max|w_row| / 127, round to nearest), 1 byte per weight,
   dequantised in registers inside the same linear kernel (W8A16: activations and accumulation stay fp32).
+- "w8a8": the same int8 weights laid out for integer dot products (AVX-512 VNNI; pmaddwd on AVX2), and the
+  activations quantised to int8 inside the kernel, per row and K chunk (max|x| / 127): never one scale for
+  the batch, so a row's result stays independent of its batch. The integer sums are exact on every path; a
+  verify block of many rows costs little more than one row. Matrices whose K is not a multiple of 4 stay W8A16.
 - "fp8": per-output-channel e4m3 (scale = max|w_row| / 448, round to nearest even), the panels FP8
   checkpoints keep (fp8_weights.py), 1 byte per weight.
 - "bf16": the weights rounded once to bf16 (round to nearest even), 2 bytes per weight.
 - "auto": as the checkpoint loads (fp32 panels, bf16 panels for bf16-valued weights, kept FP8 checkpoints).
 
-Every one of them is bitwise the fp32 kernel on its dequantised weight, whatever the batch, so greedy DFlash
+Every one of them but w8a8 is bitwise the fp32 kernel on its dequantised weight, and all of them are
+batch-invariant (a row's result never depends on the other rows, their number or the threads), so greedy DFlash
 stays token-identical to AR at the same setting; the logits move by the format's rounding of the weights (what
 it costs: benchmarks/quantized_agreement.py --weights). Embeddings looked up by token, norms and the drafter's
 own layers keep the checkpoint's values (the drafter shares the target's head, as always). Linears a kept FP8
@@ -24,7 +29,7 @@ import torch
 
 from .errors import DFlashError
 
-WEIGHTS = ("auto", "bf16", "int8", "fp8")
+WEIGHTS = ("auto", "bf16", "int8", "w8a8", "fp8")
 E4M3_MAX = 448.0
 
 
@@ -46,6 +51,8 @@ def _packer(mode: str):
 
     if mode == "int8":
         return bi.pack_linear_int8
+    if mode == "w8a8":
+        return lambda w: bi.pack_linear_w8a8(w) if w.shape[1] % 4 == 0 else bi.pack_linear_int8(w)
     if mode == "fp8":
         return lambda w: bi.pack_linear_fp8(*quantize_fp8(w))
     return lambda w: bi.pack_linear(w, torch.bfloat16)

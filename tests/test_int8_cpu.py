@@ -87,22 +87,23 @@ def pair(tmp_path_factory):
     return tiny.accepting_pair(str(tmp_path_factory.mktemp("int8")))
 
 
-def test_int8_engine_dflash_equals_its_ar(pair):
+@pytest.mark.parametrize("mode,dtype", [("int8", torch.int8), ("w8a8", torch.int32)])
+def test_int8_engine_dflash_equals_its_ar(pair, mode, dtype):
     t, d = pair
     prompts = [[4, 5, 6], [11, 7, 9, 10], [30] * 12]
     sp = SamplingParams(max_tokens=24, ignore_eos=True)
-    spec = LLM(target=t, draft=d, draft_len_policy="fixed", weights="int8")
+    spec = LLM(target=t, draft=d, draft_len_policy="fixed", weights=mode)
     target = spec.engine.target
     lin = target.model.layers[0].mlp.down_proj
-    assert lin.packed.dtype == torch.int8 and lin.weight.numel() == 0  # only the int8 panels remain
-    assert target.head_packed.dtype == torch.int8  # the (tied) head too
+    assert lin.packed.dtype == dtype and lin.weight.numel() == 0  # only the 8-bit panels remain
+    assert target.head_packed.dtype == dtype  # the (tied) head too
     layer = target.model.layers[0]
-    assert layer.self_attn.qkv.packed.dtype == torch.int8 and layer.mlp.gate_up.packed.dtype == torch.int8
+    assert layer.self_attn.qkv.packed.dtype == dtype and layer.mlp.gate_up.packed.dtype == dtype
     assert layer.fusable  # the fused projections and the one-op layer run on the int8 panels
     assert spec.engine.drafter.layers[0].mlp.down_proj.packed.dtype == torch.float32  # the drafter as it was
     out = spec.generate(prompts, sp)  # three requests batched
     alone = [spec.generate([p], sp)[0] for p in prompts]
-    ar = LLM(target=t, speculative=False, weights="int8").generate(prompts, sp)
+    ar = LLM(target=t, speculative=False, weights=mode).generate(prompts, sp)
     assert [o.token_ids for o in out] == [o.token_ids for o in ar] == [o.token_ids for o in alone]
     assert sum(o.accepted for o in out) > 0
     # the int8 target is the fp32 target with its weights rounded: close logits, not the same ones
@@ -127,6 +128,6 @@ def test_bad_weights_are_one_line_errors(pair, capsys):
     t, _ = pair
     assert generate(["--target", t, "--no-spec", "--weights", "int4", "--prompt", "hi", "--max-tokens", "2"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == "error: weights (--weights) must be one of auto, bf16, int8, fp8, got 'int4'\n"
+    assert out == "" and err == "error: weights (--weights) must be one of auto, bf16, int8, w8a8, fp8, got 'int4'\n"
     with pytest.raises(DFlashError, match="invariant_kernels on"):
         LLM(target=t, speculative=False, weights="int8", invariant_kernels=False)

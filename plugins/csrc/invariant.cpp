@@ -8,6 +8,10 @@
 //   linear    y[m,n] = tree_c( fma-chain_{k in chunk c, ascending}(x[m,k] * w[n,k]) ) (+ bias[n])
 //             chunks: K split into k_splits equal contiguous ranges; tree = pairwise levels
 //             ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)). Each fma chain starts from +0.
+//   W8A8      (int32 weight panels of int8 k-quads) x is quantised per row and chunk in shared code:
+//             a = max|x| over the chunk, xq = clamp(rint(x * (127/a)), +-127), sx = a / 127; the chunk's
+//             integer dot product sum_k xq*w is exact whatever the instruction (VNNI, pmaddwd, scalar), then
+//             partial_c = (float(isum) * sx) * w_scale[n], and the tree and bias as above.
 //   rms_norm  ss = hsum16(lane l: fma-chain over h = l, l+16, ...(x_h*x_h)); r = 1/sqrtf(ss/H + eps);
 //             y = w * to_xdtype(x * r)   (HF casting; bf16 rounding is round-to-nearest-even)
 //   silu_mul  y = to_dtype(g / (1 + exp(-g))) * u, one vector formula for every element (masked tails)
@@ -44,7 +48,8 @@
 namespace bi {
 
 // F8: float8_e4m3fn weights, I8: int8 weights with a per-column scale (linear only)
-enum DType : int { F32 = 0, BF16 = 1, F8 = 2, I8 = 3 };
+// I8Q: int8 weights in k-quads (int32 [P][K/4][32], byte b of a lane = k 4q+b) for integer dot products (W8A8)
+enum DType : int { F32 = 0, BF16 = 1, F8 = 2, I8 = 3, I8Q = 4 };
 
 struct LinParams {
   const float* x;   // [M, ldx] fp32
@@ -64,6 +69,11 @@ struct LinParams {
   void* y;
   int yt;
   int64_t ldy;
+  // I8Q only: x quantised per row and chunk (u8 = code + 128, [M][ldq], the chunks' columns from xk0) and the
+  // per-row, per-chunk scales [M][nchunks]
+  const uint8_t* xq;
+  int64_t ldq;
+  const float* xs;
 };
 
 struct NormParams {
@@ -112,6 +122,10 @@ struct Kernels {
   void (*selftest_reduce)(const float* a, float* out);  // out[j] = hsum16(a[16j..16j+15]) via reduce16
 };
 
+// the AVX2 W8A8 tile, for AVX-512 CPUs without VNNI
+typedef void (*LinTileFn)(const LinParams&, int64_t, int64_t, int64_t, int64_t);
+extern LinTileFn g_linq_avx2;
+
 }  // namespace bi
 
 // ---------------------------------------------------------------------------------------------------------
@@ -146,6 +160,7 @@ namespace bi_scalar {
 
 namespace bi {
 
+LinTileFn g_linq_avx2 = &bi_avx2::linear_tile_q;
 static const Kernels* g_kernels = nullptr;
 
 static const Kernels* pick_kernels(const std::string& want) {
@@ -250,17 +265,49 @@ static at::Tensor x_as_f32(const at::Tensor& x) {
 static int weight_code(const at::Tensor& packed) {
   if (packed.scalar_type() == at::kByte) return F8;
   if (packed.scalar_type() == at::kChar) return I8;
+  if (packed.scalar_type() == at::kInt) return I8Q;
   return dtype_code(packed, "packed weight");
+}
+
+// K of a packed weight: its panel length, four k per int32 for W8A8 k-quads
+static int64_t packed_k(const at::Tensor& packed) {
+  return weight_code(packed) == I8Q ? packed.size(1) * 4 : packed.size(1);
+}
+
+// W8A8: quantise the chunks' columns of x per row and chunk (the one definition every ISA consumes)
+static void quantize_x(LinParams& p, int64_t M, std::vector<uint8_t>& q, std::vector<float>& s) {
+  const int64_t cl = p.chunk_len, kx = cl * p.nchunks;
+  TORCH_CHECK(cl % 4 == 0, "bi_linear: a W8A8 weight needs chunks of a multiple of 4 columns, got ", cl);
+  q.resize((size_t)(M * kx));
+  s.resize((size_t)(M * p.nchunks));
+  for (int64_t m = 0; m < M; ++m)
+    for (int c = 0; c < p.nchunks; ++c) {
+      const float* x = p.x + m * p.ldx + p.xk0 + c * cl;
+      uint8_t* d = q.data() + m * kx + c * cl;
+      float a = 0.0f;
+      for (int64_t k = 0; k < cl; ++k) a = std::max(a, std::fabs(x[k]));
+      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
+      for (int64_t k = 0; k < cl; ++k) {
+        // round to nearest even by the 1.5 * 2^23 shift (|x * inv| <= 127, so exact; no libm call per element)
+        const float v = std::min(127.0f, std::max(-127.0f, (x[k] * inv + 12582912.0f) - 12582912.0f));
+        d[k] = (uint8_t)((int)v + 128);
+      }
+      s[m * p.nchunks + c] = inv > 0.0f ? a / 127.0f : 0.0f;
+    }
+  p.xq = q.data();
+  p.ldq = kx;
+  p.xs = s.data();
 }
 
 // F8 / I8 panels need their per-column scales: returns a pointer to them, or null for f32/bf16
 static const float* weight_scale(const at::Tensor& packed, const c10::optional<at::Tensor>& wscale) {
   const int wt = weight_code(packed);
-  if (wt != F8 && wt != I8) return nullptr;
+  if (wt != F8 && wt != I8 && wt != I8Q) return nullptr;
   TORCH_CHECK(wscale.has_value() && wscale->defined() && wscale->scalar_type() == at::kFloat &&
                   wscale->is_contiguous() && wscale->numel() == packed.size(0) * 32,
-              "bi: an ", wt == F8 ? "fp8" : "int8", " packed weight needs its float32 [P * 32] scale (use ",
-              wt == F8 ? "pack_linear_fp8" : "pack_linear_int8", ")");
+              "bi: an ", wt == F8 ? "fp8" : (wt == I8 ? "int8" : "int8 W8A8"),
+              " packed weight needs its float32 [P * 32] scale (use ",
+              wt == F8 ? "pack_linear_fp8" : (wt == I8 ? "pack_linear_int8" : "pack_linear_w8a8"), ")");
   return wscale->data_ptr<float>();
 }
 
@@ -278,7 +325,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear: CPU tensors only");
   TORCH_CHECK(x.dim() == 2, "bi_linear: x must be [M, K]");
   check_packed(packed, n);
-  const int64_t Kp = packed.size(1);
+  const int64_t Kp = packed_k(packed);
   TORCH_CHECK(x.size(1) == Kp, "bi_linear: x has K=", x.size(1), " but the weight has K=", Kp);
   TORCH_CHECK(k_splits == 1 || k_splits == 2 || k_splits == 4 || k_splits == 8,
               "bi_linear: k_splits must be 1, 2, 4 or 8");
@@ -308,6 +355,9 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   p.y = y.data_ptr();
   p.yt = yt;
   p.ldy = n;
+  std::vector<uint8_t> xq;
+  std::vector<float> xs;
+  if (p.wt == I8Q) quantize_x(p, M, xq, xs);
   run_linear(p, M);
   return y;
 }
@@ -318,7 +368,7 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear_partial: CPU tensors only");
   TORCH_CHECK(x.dim() == 2, "bi_linear_partial: x must be [M, K]");
   check_packed(packed, n);
-  const int64_t Kp = packed.size(1);
+  const int64_t Kp = packed_k(packed);
   TORCH_CHECK(k_splits == 1 || k_splits == 2 || k_splits == 4 || k_splits == 8,
               "bi_linear_partial: k_splits must be 1, 2, 4 or 8");
   TORCH_CHECK(Kp % k_splits == 0, "bi_linear_partial: K=", Kp, " not divisible by k_splits=", k_splits);
@@ -355,6 +405,9 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
   p.y = y.data_ptr();
   p.yt = F32;
   p.ldy = n;
+  std::vector<uint8_t> xq;
+  std::vector<float> xs;
+  if (p.wt == I8Q) quantize_x(p, M, xq, xs);
   run_linear(p, M);
   return y;
 }
@@ -899,6 +952,100 @@ BI_INLINE V16 vexp(V16 x) {
   return vmul(p, vpow2i(fx));
 }
 
+// ---- W8A8 integer dot products ------------------------------------------------------------------------
+// linq_kernel: the exact int32 sums of one chunk, out[(m * NP + j) * 32 + col] = sum_k (xq[m][k] - 128) * w[k]
+// for MR rows and NP panels; xq: row 0 at the chunk's first column (rows ldq apart); w: panel 0 at the chunk's
+// first quad (panels pstride int32 apart). Integer sums are exact, so how they are formed never shows.
+#if BI_KERNEL_PASS == 1
+enum { MRQ = 12, NPQ = 1 };
+BI_INLINE V16 vcvt_i32(const int32_t* p) { return {_mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)p))}; }
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")
+template <int MR, int NP>
+static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
+                        int32_t* out) {
+  __m512i acc[MR][NP][2], ws[NP][2];
+  for (int j = 0; j < NP; ++j)
+    for (int h = 0; h < 2; ++h) {
+      ws[j][h] = _mm512_setzero_si512();
+      for (int m = 0; m < MR; ++m) acc[m][j][h] = _mm512_setzero_si512();
+    }
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t q = 0; q < nq; ++q) {
+    __m512i b[NP][2];
+    for (int j = 0; j < NP; ++j)
+      for (int h = 0; h < 2; ++h) {
+        b[j][h] = _mm512_loadu_si512((const void*)(w + j * pstride + q * 32 + 16 * h));
+        ws[j][h] = _mm512_dpbusd_epi32(ws[j][h], ones, b[j][h]);  // sum_k w, for the +128 of the codes
+      }
+    for (int m = 0; m < MR; ++m) {
+      int32_t quad;
+      std::memcpy(&quad, xq + m * ldq + 4 * q, 4);
+      const __m512i a = _mm512_set1_epi32(quad);
+      for (int j = 0; j < NP; ++j)
+        for (int h = 0; h < 2; ++h) acc[m][j][h] = _mm512_dpbusd_epi32(acc[m][j][h], a, b[j][h]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NP; ++j)
+      for (int h = 0; h < 2; ++h)
+        _mm512_storeu_si512((void*)(out + (m * NP + j) * 32 + 16 * h),
+                            _mm512_sub_epi32(acc[m][j][h], _mm512_slli_epi32(ws[j][h], 7)));
+}
+#pragma GCC pop_options
+#elif BI_KERNEL_PASS == 2
+enum { MRQ = 2, NPQ = 1 };
+BI_INLINE V16 vcvt_i32(const int32_t* p) {
+  return {_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)p)),
+          _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i*)(p + 8)))};
+}
+// pmaddwd on 16-bit widened codes: lanes come out as columns 0,1,4,5 | 2,3,6,7 of each 8, put back at the end
+template <int MR, int NP>
+static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
+                        int32_t* out) {
+  __m256i acc[MR][4];
+  for (int m = 0; m < MR; ++m)
+    for (int g = 0; g < 4; ++g) acc[m][g] = _mm256_setzero_si256();
+  const __m256i c128 = _mm256_set1_epi16(128);
+  for (int64_t q = 0; q < nq; ++q) {
+    __m256i a[MR];
+    for (int m = 0; m < MR; ++m) {
+      int32_t quad;
+      std::memcpy(&quad, xq + m * ldq + 4 * q, 4);
+      a[m] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_set1_epi32(quad)), c128);
+    }
+    for (int g = 0; g < 4; ++g) {
+      const __m256i wb = _mm256_loadu_si256((const __m256i*)(w + q * 32 + 8 * g));
+      const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wb));
+      const __m256i wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wb, 1));
+      for (int m = 0; m < MR; ++m)
+        acc[m][g] = _mm256_add_epi32(acc[m][g], _mm256_hadd_epi32(_mm256_madd_epi16(wl, a[m]),
+                                                                  _mm256_madd_epi16(wh, a[m])));
+    }
+  }
+  const __m256i idx = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+  for (int m = 0; m < MR; ++m)
+    for (int g = 0; g < 4; ++g)
+      _mm256_storeu_si256((__m256i*)(out + m * NP * 32 + 8 * g), _mm256_permutevar8x32_epi32(acc[m][g], idx));
+  (void)pstride;
+}
+#else
+enum { MRQ = 2, NPQ = 1 };
+BI_INLINE V16 vcvt_i32(const int32_t* p) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = (float)p[i]; return r; }
+template <int MR, int NP>
+static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
+                        int32_t* out) {
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NP * 32; ++j) {
+      int32_t acc = 0;
+      const int8_t* wc = (const int8_t*)(w + (j / 32) * pstride + j % 32);
+      for (int64_t q = 0; q < nq; ++q)
+        for (int b = 0; b < 4; ++b) acc += ((int32_t)xq[m * ldq + 4 * q + b] - 128) * (int32_t)wc[q * 128 + b];
+      out[m * NP * 32 + j] = acc;
+    }
+}
+#endif
+
 template <bool BF>
 BI_INLINE V16 ld(const void* base, int64_t i) {
   if (BF) return vload_bf((const uint16_t*)base + i);
@@ -1071,7 +1218,10 @@ static int np_of(int mr, int want) {
   return 1;
 }
 
+static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1);
+
 static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
+  if (p.wt == bi::I8Q) return linear_tile_q(p, m0, m1, pn0, pn1);
   // rows in cache blocks (x block ~ 768 KiB), each block in balanced tiles of <= MR_MAX rows; per group of
   // NP panels (which stays in L2), every tile of the block runs its chunks' chains, the last one the tree.
   // (k blocks keeping a weight slice in L1 across the tiles measured no faster here.)
@@ -1142,6 +1292,69 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
         r += mr;
       }
       g += np;
+    }
+  }
+}
+
+// W8A8: tiles of <= MRQ rows x NPQ panels; per chunk the exact integer sums, then per output element
+// (float(isum) * sx[row][chunk]) * w_scale, the tree over chunks and the bias. Any tiling gives the same sums.
+typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*);
+template <int NP>
+static LinqFn linq_pick(int mr) {
+  switch (mr) {
+#define BI_LINQ_CASE(R) case R: if (R <= MRQ) return &linq_kernel<(R <= MRQ ? R : 1), NP>; break;
+    BI_LINQ_CASE(1) BI_LINQ_CASE(2) BI_LINQ_CASE(3) BI_LINQ_CASE(4) BI_LINQ_CASE(5) BI_LINQ_CASE(6)
+    BI_LINQ_CASE(7) BI_LINQ_CASE(8) BI_LINQ_CASE(9) BI_LINQ_CASE(10) BI_LINQ_CASE(11) BI_LINQ_CASE(12)
+#undef BI_LINQ_CASE
+    default: break;
+  }
+  return nullptr;
+}
+
+static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
+#if BI_KERNEL_PASS == 1
+  static const bool vnni = __builtin_cpu_supports("avx512vnni");
+  if (!vnni) return bi::g_linq_avx2(p, m0, m1, pn0, pn1);
+#endif
+  const int64_t cl = p.chunk_len, nq = cl / 4;
+  const int nch = p.nchunks;
+  const int64_t pstride = (p.K / 4) * 32;  // int32 per panel
+  const int64_t cs = (int64_t)MRQ * NPQ * 32;
+  thread_local std::vector<int32_t> ib;
+  if ((int64_t)ib.size() < nch * cs) ib.resize(nch * cs);
+  const int32_t* w0 = (const int32_t*)p.w;
+  for (int64_t r = m0; r < m1; r += MRQ) {
+    const int mr = (int)std::min<int64_t>(MRQ, m1 - r);
+    const LinqFn fk = linq_pick<NPQ>(mr);
+    for (int64_t g = pn0; g < pn1; g += NPQ) {
+      const int np = NPQ;  // NPQ == 1: one panel per call
+      for (int c = 0; c < nch; ++c)
+        fk(p.xq + r * p.ldq + c * cl, p.ldq, w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32, pstride, nq,
+           ib.data() + c * cs);
+      for (int j = 0; j < np; ++j)
+        for (int h = 0; h < 2; ++h) {
+          const int64_t col = (g + j) * 32 + 16 * h;
+          const int64_t rem = p.N - col;
+          if (rem <= 0) continue;
+          const int nv = rem >= 16 ? 16 : (int)rem;
+          const V16 sw = vload(p.ws + col);
+          V16 bias = vzero();
+          if (p.bias) bias = ld_n<false>(p.bias, col, nv);
+          for (int m = 0; m < mr; ++m) {
+            V16 t[8];
+            for (int c = 0; c < nch; ++c)
+              t[c] = vmul(vmul(vcvt_i32(ib.data() + c * cs + (m * np + j) * 32 + 16 * h),
+                               vset1(p.xs[(r + m) * nch + c])), sw);
+            for (int st = 1; st < nch; st *= 2)
+              for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
+            V16 o = t[0];
+            if (p.bias) o = vadd(o, bias);
+            if (p.yt == bi::BF16)
+              st_n<true>(p.y, (r + m) * p.ldy + col, o, nv);
+            else
+              st_n<false>(p.y, (r + m) * p.ldy + col, o, nv);
+          }
+        }
     }
   }
 }

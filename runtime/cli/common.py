@@ -59,8 +59,8 @@ def add_load_args(p) -> None:
                    "cache blocks of common prompt prefixes between requests (default: on, except for targets no "
                    "shared block can serve: hybrid linear-attention and sliding-window pools)")
     p.add_argument("--weights", metavar="FORMAT", help="the target's weights on CPU: auto (as the checkpoint "
-                   "loads; default) | bf16 | int8 | fp8 (int8 and fp8: per-channel, quantised at load; 1 byte per "
-                   "weight; the drafter keeps its own)")
+                   "loads; default) | bf16 | int8 | w8a8 | fp8 (per-channel, quantised at load, 1 byte per weight; "
+                   "w8a8 also quantises activations per row for integer dot products; the drafter keeps its own)")
     p.add_argument("--verify-files", choices=("sha256", "size", "none"), default="sha256", help="before loading: "
                    "sha256 (default): an engine directory's target/ and draft/ files against engine.json, and "
                    "every weights file's size against its header; size: the sizes only; none: nothing (trusted "
