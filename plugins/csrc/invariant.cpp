@@ -284,13 +284,25 @@ static void quantize_x(LinParams& p, int64_t M, std::vector<uint8_t>& q, std::ve
     for (int c = 0; c < p.nchunks; ++c) {
       const float* x = p.x + m * p.ldx + p.xk0 + c * cl;
       uint8_t* d = q.data() + m * kx + c * cl;
-      float a = 0.0f;
-      for (int64_t k = 0; k < cl; ++k) a = std::max(a, std::fabs(x[k]));
+      // SSE2 (every x86-64 CPU), the same instructions whichever kernel ISA runs; cl % 4 == 0
+      const __m128 sign = _mm_set1_ps(-0.0f);
+      __m128 amax = _mm_setzero_ps();
+      for (int64_t k = 0; k < cl; k += 4) amax = _mm_max_ps(amax, _mm_andnot_ps(sign, _mm_loadu_ps(x + k)));
+      alignas(16) float am[4];
+      _mm_store_ps(am, amax);
+      const float a = std::max(std::max(am[0], am[1]), std::max(am[2], am[3]));  // max is exact in any order
       const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
-      for (int64_t k = 0; k < cl; ++k) {
-        // round to nearest even by the 1.5 * 2^23 shift (|x * inv| <= 127, so exact; no libm call per element)
-        const float v = std::min(127.0f, std::max(-127.0f, (x[k] * inv + 12582912.0f) - 12582912.0f));
-        d[k] = (uint8_t)((int)v + 128);
+      // round to nearest even by the 1.5 * 2^23 shift (|x * inv| <= 127, so exact), clamp, + 128
+      const __m128 vinv = _mm_set1_ps(inv), shift = _mm_set1_ps(12582912.0f);
+      const __m128 hi = _mm_set1_ps(127.0f), lo = _mm_set1_ps(-127.0f);
+      for (int64_t k = 0; k < cl; k += 4) {
+        __m128 v = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + k), vinv), shift), shift);
+        v = _mm_min_ps(hi, _mm_max_ps(lo, v));
+        __m128i i = _mm_add_epi32(_mm_cvttps_epi32(v), _mm_set1_epi32(128));
+        i = _mm_packs_epi32(i, i);
+        i = _mm_packus_epi16(i, i);
+        const int32_t four = _mm_cvtsi128_si32(i);
+        std::memcpy(d + k, &four, 4);
       }
       s[m * p.nchunks + c] = inv > 0.0f ? a / 127.0f : 0.0f;
     }
@@ -958,6 +970,9 @@ BI_INLINE V16 vexp(V16 x) {
 // first quad (panels pstride int32 apart). Integer sums are exact, so how they are formed never shows.
 #if BI_KERNEL_PASS == 1
 enum { MRQ = 12, NPQ = 1 };
+#ifndef BI_PF_QUADS
+#define BI_PF_QUADS 16  // weight quads (128 B each) fetched ahead: at many rows the dot products alone keep the core busy
+#endif
 BI_INLINE V16 vcvt_i32(const int32_t* p) { return {_mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)p))}; }
 #pragma GCC push_options
 #pragma GCC target("avx512vnni")
@@ -977,6 +992,7 @@ static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_
       for (int h = 0; h < 2; ++h) {
         b[j][h] = _mm512_loadu_si512((const void*)(w + j * pstride + q * 32 + 16 * h));
         ws[j][h] = _mm512_dpbusd_epi32(ws[j][h], ones, b[j][h]);  // sum_k w, for the +128 of the codes
+        _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_QUADS) * 32 + 16 * h), _MM_HINT_T0);
       }
     for (int m = 0; m < MR; ++m) {
       int32_t quad;
