@@ -1111,6 +1111,7 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
       for (int j = 0; j < NP; ++j) {
         if (WK == bi::F8) vload_f8x32(wp[j] + k * 32, b[j][0], b[j][1]);
         else vload_i8x32(wp[j] + k * 32, b[j][0], b[j][1]);
+        if (k % 2 == 0) _mm_prefetch((const char*)(wp[j] + (k + 32) * 32), _MM_HINT_T0);
         b[j][0] = vmul(b[j][0], sc[j][0]);  // = code value * scale, rounded once: the dequantised weight
         b[j][1] = vmul(b[j][1], sc[j][1]);
       }
@@ -1128,7 +1129,10 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
 #pragma GCC unroll 4
     for (int64_t k = 0; k < len; ++k) {
       V16 b[NP][2];
-      for (int j = 0; j < NP; ++j) vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
+      for (int j = 0; j < NP; ++j) {
+        vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
+        _mm_prefetch((const char*)(wp[j] + (k + 16) * 16), _MM_HINT_T0);  // one line per k, 1 KiB ahead
+      }
       for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
         for (int j = 0; j < NP; ++j) {
@@ -1146,6 +1150,8 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
       for (int j = 0; j < NP; ++j) {
         b[j][0] = vload(wp[j] + k * 32);
         b[j][1] = vload(wp[j] + k * 32 + 16);
+        _mm_prefetch((const char*)(wp[j] + (k + 8) * 32), _MM_HINT_T0);
+        _mm_prefetch((const char*)(wp[j] + (k + 8) * 32 + 16), _MM_HINT_T0);
       }
       for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
