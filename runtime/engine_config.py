@@ -39,8 +39,12 @@ class EngineConfig:
     # GPUs with FP8 tensor cores (compute capability >= 8.9), off elsewhere; True forces them (CPU too)
     fp8_compute: bool | None = None
     # the target's weights on CPU (runtime/int8_weights.py): "auto" (as the checkpoint loads), "bf16", "int8",
-    # "w8a8" (int8 weights and per-row int8 activations, integer dot products) or "fp8" (per-channel, quantised at load; fewer bytes per decode step, the logits move by the rounding)
+    # "w8a8" (int8 weights and per-row int8 activations, integer dot products) or "fp8" (per-channel,
+    # quantised at load; fewer bytes per decode step, the logits move by the rounding)
     weights: str = "auto"
+    # the drafter's own linears and its draft-vocabulary head: None follows `weights`; "auto" keeps the
+    # checkpoint's (drafts move with the rounding, the output never does)
+    draft_weights: str | None = None
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True
     # share the cache blocks of common prompt prefixes between requests (kv_cache.BlockManager); None: on where
@@ -61,9 +65,13 @@ class EngineConfig:
         if self.device is None:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         check_weights(self.weights)
-        if self.weights != "auto" and not (str(self.device).startswith("cpu") and self.invariant_kernels):
-            raise DFlashError(f"weights={self.weights!r} packs the batch-invariant CPU kernels' weights: it needs "
-                              "device cpu with invariant_kernels on (or weights='auto')")
+        if self.draft_weights is not None:
+            check_weights(self.draft_weights, "draft_weights (--draft-weights)")
+        for name in ("weights", "draft_weights"):
+            mode = getattr(self, name)
+            if mode not in (None, "auto") and not (str(self.device).startswith("cpu") and self.invariant_kernels):
+                raise DFlashError(f"{name}={mode!r} packs the batch-invariant CPU kernels' weights: it needs "
+                                  f"device cpu with invariant_kernels on (or {name}='auto')")
         if self.linear_rollback not in ("auto", "states", "inputs"):
             raise DFlashError(f"linear_rollback must be auto, states or inputs, got {self.linear_rollback!r}")
         if self.tp_size is not None and (not isinstance(self.tp_size, int) or self.tp_size < 1):

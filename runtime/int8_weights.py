@@ -33,9 +33,9 @@ WEIGHTS = ("auto", "bf16", "int8", "w8a8", "fp8")
 E4M3_MAX = 448.0
 
 
-def check_weights(mode: str) -> None:
+def check_weights(mode: str, what: str = "weights (--weights)") -> None:
     if mode not in WEIGHTS:
-        raise DFlashError(f"weights (--weights) must be one of {', '.join(WEIGHTS)}, got {mode!r}")
+        raise DFlashError(f"{what} must be one of {', '.join(WEIGHTS)}, got {mode!r}")
 
 
 def quantize_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,4 +93,26 @@ def repack_target(target, mode: str, sharded: bool = False) -> int:
     from .models.target import fuse_projections
 
     fuse_projections(target)  # q/k/v and gate/up fused again from the new panels (the old fused ones go)
+    return count
+
+
+def repack_drafter(drafter, mode: str) -> int:
+    """Re-pack the packed drafter's own linears and its draft-vocabulary head (after use_vocab) as `mode`;
+    returns how many. Its embedding, norms and the target's head it shares are untouched."""
+    from .models.target import Linear
+
+    check_weights(mode)
+    if mode == "auto":
+        return 0
+    pack = _packer(mode)
+    count = 0
+    for m in drafter.modules():
+        if isinstance(m, Linear) and m.packed is not None and m.weight.numel() and \
+                m.packed.dtype in (torch.float32, torch.bfloat16):
+            m.packed = pack(m.weight.data)
+            m.weight.data = torch.empty(0, dtype=m.weight.dtype)
+            count += 1
+    if getattr(drafter, "vocab_packed", None) is not None:
+        drafter.vocab_packed = pack(drafter.vocab_head)
+        count += 1
     return count

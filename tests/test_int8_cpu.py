@@ -100,11 +100,15 @@ def test_int8_engine_dflash_equals_its_ar(pair, mode, dtype):
     layer = target.model.layers[0]
     assert layer.self_attn.qkv.packed.dtype == dtype and layer.mlp.gate_up.packed.dtype == dtype
     assert layer.fusable  # the fused projections and the one-op layer run on the int8 panels
-    assert spec.engine.drafter.layers[0].mlp.down_proj.packed.dtype == torch.float32  # the drafter as it was
+    assert spec.engine.drafter.layers[0].mlp.down_proj.packed.dtype == dtype  # the drafter follows `weights`
     out = spec.generate(prompts, sp)  # three requests batched
     alone = [spec.generate([p], sp)[0] for p in prompts]
     ar = LLM(target=t, speculative=False, weights=mode).generate(prompts, sp)
-    assert [o.token_ids for o in out] == [o.token_ids for o in ar] == [o.token_ids for o in alone]
+    kept = LLM(target=t, draft=d, draft_len_policy="fixed", weights=mode, draft_weights="auto")
+    assert kept.engine.drafter.layers[0].mlp.down_proj.packed.dtype == torch.float32  # the drafter as it was
+    own = kept.generate(prompts, sp)
+    assert [o.token_ids for o in out] == [o.token_ids for o in ar] == [o.token_ids for o in alone] == \
+        [o.token_ids for o in own]
     assert sum(o.accepted for o in out) > 0
     # the int8 target is the fp32 target with its weights rounded: close logits, not the same ones
     from dflash_trt.teacher import teacher_forward

@@ -61,6 +61,8 @@ def add_load_args(p) -> None:
     p.add_argument("--weights", metavar="FORMAT", help="the target's weights on CPU: auto (as the checkpoint "
                    "loads; default) | bf16 | int8 | w8a8 | fp8 (per-channel, quantised at load, 1 byte per weight; "
                    "w8a8 also quantises activations per row for integer dot products; the drafter keeps its own)")
+    p.add_argument("--draft-weights", metavar="FORMAT", help="the drafter's own linears and draft head on CPU, "
+                   "as --weights (default: what --weights says; auto: the checkpoint's)")
     p.add_argument("--verify-files", choices=("sha256", "size", "none"), default="sha256", help="before loading: "
                    "sha256 (default): an engine directory's target/ and draft/ files against engine.json, and "
                    "every weights file's size against its header; size: the sizes only; none: nothing (trusted "
@@ -90,6 +92,8 @@ def load_kwargs(args) -> dict:
         kw["kv_cache_fraction"] = args.kv_cache_fraction
     if args.weights is not None:  # checked by EngineConfig, in one line
         kw["weights"] = args.weights
+    if args.draft_weights is not None:
+        kw["draft_weights"] = args.draft_weights
     return kw
 
 
