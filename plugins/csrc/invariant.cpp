@@ -256,6 +256,32 @@ static void run_linear(const LinParams& p, int64_t M) {
   }
 }
 
+// x as fp32 rows for the kernels: a float x as it is (made contiguous only where its rows are not), a bf16 x
+// widened into a per-thread buffer (exact: bf16 -> fp32 is a shift), without an ATen allocation per call
+static at::Tensor x_as_f32(const at::Tensor& x);
+struct XRows {
+  const float* x;
+  int64_t ldx;
+  at::Tensor keep;
+};
+static XRows x_rows(const at::Tensor& x) {
+  const int64_t M = x.size(0), K = x.size(1);
+  if (x.scalar_type() == at::kBFloat16 && x.stride(1) == 1) {
+    thread_local std::vector<float> buf;
+    if ((int64_t)buf.size() < M * K) buf.resize(M * K);
+    const int64_t ld = M > 1 ? x.stride(0) : K;
+    const uint16_t* src = (const uint16_t*)x.data_ptr();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t u = (uint32_t)src[m * ld + k] << 16;
+        std::memcpy(&buf[m * K + k], &u, 4);
+      }
+    return {buf.data(), K, at::Tensor()};
+  }
+  at::Tensor xf = x_as_f32(x);
+  return {xf.data_ptr<float>(), M > 1 ? xf.stride(0) : K, xf};
+}
+
 static at::Tensor x_as_f32(const at::Tensor& x) {
   at::Tensor xf = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
   if (xf.stride(1) != 1 || (xf.size(0) > 1 && xf.stride(0) < xf.size(1))) xf = xf.contiguous();
@@ -343,7 +369,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
               "bi_linear: k_splits must be 1, 2, 4 or 8");
   TORCH_CHECK(Kp % k_splits == 0, "bi_linear: K=", Kp, " not divisible by k_splits=", k_splits);
   int yt = dtype_code(x, "x");
-  at::Tensor xf = x_as_f32(x);
+  const XRows xr = x_rows(x);
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "bi_linear: bias must have n elements");
@@ -352,8 +378,8 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, n}, x.options());
   LinParams p{};
-  p.x = xf.data_ptr<float>();
-  p.ldx = M > 1 ? xf.stride(0) : Kp;
+  p.x = xr.x;
+  p.ldx = xr.ldx;
   p.xk0 = 0;
   p.w = packed.data_ptr();
   p.wt = weight_code(packed);
@@ -398,12 +424,12 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
                 " columns of the chunks");
     xk0 = 0;
   }
-  at::Tensor xf = x_as_f32(x);
+  const XRows xr = x_rows(x);
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, n}, x.options().dtype(at::kFloat));
   LinParams p{};
-  p.x = xf.data_ptr<float>();
-  p.ldx = M > 1 ? xf.stride(0) : x.size(1);
+  p.x = xr.x;
+  p.ldx = xr.ldx;
   p.xk0 = xk0;
   p.w = packed.data_ptr();
   p.wt = weight_code(packed);
