@@ -141,7 +141,8 @@ def run_weights(args) -> list[dict]:
         ref_top = top if ref_top is None else ref_top
         head = llm.engine.target.head_packed
         ar = LLM(target=target, speculative=False, weights=mode).generate(prompts, sp, chat=True)
-        rows.append({"weights": mode, "bytes": head.data.element_size() if head is not None else 4,
+        rows.append({"weights": mode, "bytes": (round(head.data.numel() * head.data.element_size() / (head.data.shape[0] * 32 * head.k))
+                                           if head is not None else 4),  # per weight: w8a8 packs 4 in an int32
                      "max_err": (logits - hf).abs().max().item(), "agreement": (top == ref_top).float().mean().item(),
                      "tau": tau(outs), "ar_equal": [o.token_ids for o in outs] == [o.token_ids for o in ar],
                      "k": llm.engine.max_draft_len, "positions": top.numel()})

@@ -457,3 +457,29 @@ def test_torch_compile_traces_ops():
                           test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(torch.ops.dflash_trt.bi_add_rms_norm.default, (x, x, w, 1e-5),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_linear_is_whole_when_the_runtime_gives_fewer_threads(tmp_path):
+    """OpenMP may give a parallel region fewer threads than asked (a thread limit, nested regions, a second
+    runtime in the process): every tile must still be computed, by the threads there are."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch
+        from dflash_trt.plugins import invariant as bi
+        bi.load()
+        torch.set_num_threads(2)  # the kernel splits the work in 2 tiles; the runtime gives 1 thread
+        g = torch.Generator().manual_seed(0)
+        w, x = torch.randn(1728, 576, generator=g), torch.randn(8, 576, generator=g)
+        for pk in (bi.pack_linear(w), bi.pack_linear_w8a8(w)):
+            y = bi.linear(x, pk)
+            torch.set_num_threads(1)
+            assert torch.equal(y, bi.linear(x, pk)), "tiles left out"
+            torch.set_num_threads(2)
+        print("ok")
+    """)
+    env = dict(__import__("os").environ, OMP_THREAD_LIMIT="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

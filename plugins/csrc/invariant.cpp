@@ -246,8 +246,10 @@ static void run_linear(const LinParams& p, int64_t M) {
 #pragma omp parallel num_threads(T)
   {
     CsrScope cs(csr);
-    int tid = omp_get_thread_num();
-    if (tid < T) {
+    // the T tiles over whatever team the runtime gave (it may give fewer threads than asked: nested regions,
+    // dynamic teams, a second OpenMP runtime in the process); a tile's result does not depend on its thread
+    const int team = omp_get_num_threads();
+    for (int tid = omp_get_thread_num(); tid < T; tid += team) {
       int64_t m0, m1, p0, p1;
       balanced(M, tm, tid % tm, m0, m1);
       balanced(P, tn, tid / tm, p0, p1);
