@@ -112,6 +112,9 @@ def test_replaced_member_weights_are_noticed(targets):
     from dflash_trt.plugins import invariant
 
     plain, fused = load(targets["qwen3"], torch.float32, False), load(targets["qwen3"], torch.float32, True)
+    ids, pos, caches, batch = mixed_batch(plain.cfg, torch.float32)
+    forward(fused, ids, pos, caches, batch)  # the layers' one-op states are built and cached first
+    assert all(l._fused is not None for l in fused.model.layers)
     for model in (plain, fused):
         with torch.no_grad():
             for l in model.model.layers:

@@ -15,7 +15,25 @@ from ..config import TargetConfig
 from ..rope import RotaryTable, apply_rope
 
 
+# Bumped by every write of a Linear's packed or fp8 weight, so a layer's cached one-op state (built from them)
+# is checked with one comparison per call instead of walking its modules.
+_WEIGHTS_EPOCH = [0]
+
+
 class Linear(nn.Module):
+    packed = property(lambda self: self.__dict__["_packed"])
+    fp8 = property(lambda self: self.__dict__["_fp8"])
+
+    @packed.setter
+    def packed(self, value):
+        self.__dict__["_packed"] = value
+        _WEIGHTS_EPOCH[0] += 1
+
+    @fp8.setter
+    def fp8(self, value):
+        self.__dict__["_fp8"] = value
+        _WEIGHTS_EPOCH[0] += 1
+
     def __init__(self, in_f: int, out_f: int, bias: bool = False, row_parallel: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_f, in_f), requires_grad=False)
@@ -167,6 +185,10 @@ class DecoderLayer(nn.Module):
 
     def _fused_state(self, x, cos, kv_cache):
         """The C++ layer op's state when this call can run as one op (the same bits as the modules), else None."""
+        f = self._fused
+        if (f is not None and f[2] == _WEIGHTS_EPOCH[0] and f[0][-1] is x.dtype and cos.dtype == x.dtype
+                and kv_cache[0].dtype in _CACHE_DTYPES):
+            return f[1]  # no linear's weights changed since it was built
         att, mlp = self.self_attn, self.mlp
         if att.window is not None or cos.dtype != x.dtype or kv_cache[0].dtype not in _CACHE_DTYPES:
             return None
@@ -174,6 +196,7 @@ class DecoderLayer(nn.Module):
         mlp.gate_up = _current(mlp.gate_up, [mlp.gate_proj, mlp.up_proj])
         src = (att.qkv, mlp.gate_up, att.o_proj.packed, mlp.down_proj.packed, x.dtype)
         if self._fused is not None and all(a is b for a, b in zip(self._fused[0], src)):
+            self._fused = (src, self._fused[1], _WEIGHTS_EPOCH[0])
             return self._fused[1]
         self._fused = None
         norms = [self.input_layernorm, self.post_attention_layernorm]
@@ -199,7 +222,7 @@ class DecoderLayer(nn.Module):
             gate_up=mlp.gate_up.packed, gate_up_bias=mlp.gate_up.bias, up_col=mlp.gate_up.cols[1],
             inter=mlp.gate_up.sizes[0],
             down=mlp.down_proj.packed, down_bias=mlp.down_proj.bias, down_k_splits=mlp.down_proj.k_splits)
-        self._fused = (src, state)
+        self._fused = (src, state, _WEIGHTS_EPOCH[0])
         return state
 
 
