@@ -137,10 +137,9 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def pack_linear_int8(weight: torch.Tensor, scale: torch.Tensor | None = None) -> PackedLinear:
-    """int8 panels (W8A16): 1 byte per weight, dequantised in registers, y bitwise equal to the fp32 kernel on
-    the dequantised weight (codes.float() * scale, one fp32 rounding). weight: a float [N, K] (quantised with
-    quantize_int8), or int8 codes [N, K] with their scale (one per output row)."""
+def _int8_padded(weight: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(codes [P * 32, K], scales [P * 32], n): a float weight quantised by quantize_int8, or int8 codes with
+    their per-row scale, padded with zero rows to whole panels."""
     if weight.dtype != torch.int8:
         assert scale is None, "a float weight is quantised here: pass no scale"
         weight, scale = quantize_int8(weight)
@@ -153,7 +152,16 @@ def pack_linear_int8(weight: torch.Tensor, scale: torch.Tensor | None = None) ->
     if p * PANEL != n:
         w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
         s = torch.cat([s, s.new_zeros(p * PANEL - n)])
-    return PackedLinear(w.view(p, PANEL, k).permute(0, 2, 1).contiguous(), n, k, s.contiguous())
+    return w, s.contiguous(), n
+
+
+def pack_linear_int8(weight: torch.Tensor, scale: torch.Tensor | None = None) -> PackedLinear:
+    """int8 panels (W8A16): 1 byte per weight, dequantised in registers, y bitwise equal to the fp32 kernel on
+    the dequantised weight (codes.float() * scale, one fp32 rounding). weight: a float [N, K] (quantised with
+    quantize_int8), or int8 codes [N, K] with their scale (one per output row)."""
+    w, s, n = _int8_padded(weight, scale)
+    k = w.shape[1]
+    return PackedLinear(w.view(-1, PANEL, k).permute(0, 2, 1).contiguous(), n, k, s)
 
 
 def pack_linear_w8a8(weight: torch.Tensor, scale: torch.Tensor | None = None) -> PackedLinear:
@@ -161,21 +169,11 @@ def pack_linear_w8a8(weight: torch.Tensor, scale: torch.Tensor | None = None) ->
     k-quads (int32 [P, K/4, 32], byte b of an int32 is k = 4q + b) as AVX-512 VNNI reads them. The kernel
     quantises x per row and K chunk (max|x| / 127, round to nearest), so a row never depends on its batch; the
     integer sums are exact on every ISA. K must be a multiple of 4 (of 4 * k_splits under chunked sums)."""
-    if weight.dtype != torch.int8:
-        assert scale is None, "a float weight is quantised here: pass no scale"
-        weight, scale = quantize_int8(weight)
-    assert weight.dim() == 2 and scale is not None, "int8 codes [N, K] need their scale"
-    n, k = weight.shape
-    assert k % 4 == 0, f"W8A8 panels need K divisible by 4, got {k}"
-    p = (n + PANEL - 1) // PANEL
-    s = scale.detach().float().cpu().flatten()
-    assert s.numel() == n, "scale: one per output row"
-    w = weight.detach().cpu()
-    if p * PANEL != n:
-        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
-        s = torch.cat([s, s.new_zeros(p * PANEL - n)])
-    quads = w.view(p, PANEL, k // 4, 4).permute(0, 2, 1, 3).contiguous()
-    return PackedLinear(quads.view(torch.int32).view(p, k // 4, PANEL), n, k, s.contiguous())
+    assert weight.dim() == 2 and weight.shape[1] % 4 == 0, f"W8A8 panels need K divisible by 4, got {weight.shape}"
+    w, s, n = _int8_padded(weight, scale)
+    k = w.shape[1]
+    quads = w.view(-1, PANEL, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return PackedLinear(quads.view(torch.int32).view(-1, k // 4, PANEL), n, k, s)
 
 
 def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> PackedLinear:

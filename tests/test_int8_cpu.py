@@ -56,21 +56,24 @@ def test_int8_panels_are_bitwise_the_dequantised_weight(isa):
     bi.set_isa("auto")
 
 
-def test_int8_rows_are_batch_and_thread_invariant():
+@pytest.mark.parametrize("pack", ["pack_linear_int8", "pack_linear_w8a8"])
+def test_int8_rows_are_batch_and_thread_invariant(pack):
+    """W8A16 and W8A8 (whose activation scales come from each row alone): a row's result is the same alone, in
+    any batch, at any position, beside rows of far larger range, at any thread count."""
     k, n = 576, 1536
     g = torch.Generator().manual_seed(1)
-    pk = bi.pack_linear_int8(torch.randn(n, k, generator=g))
+    pk = getattr(bi, pack)(torch.randn(n, k, generator=g))
     b = torch.randn(n, generator=g)
-    x = torch.randn(40, k, generator=g)
+    x = torch.randn(40, k, generator=g) * torch.rand(40, 1, generator=g) * 3  # rows of different ranges
     torch.set_num_threads(1)
     full = bi.linear(x, pk, b)
     torch.set_num_threads(2)
     assert torch.equal(bi.linear(x, pk, b), full)
-    for m in (1, 2, 3, 5, 8, 16, 17, 39):
+    for m in (1, 2, 3, 5, 8, 12, 13, 16, 17, 25, 39):
         assert torch.equal(bi.linear(x[:m], pk, b), full[:m]), m
     row = x[9:10]
     for pos in (0, 4, 13):  # one row at several positions among unrelated rows
-        batch = torch.cat([x[20:20 + pos], row, x[20:30]])
+        batch = torch.cat([x[20:20 + pos], row, x[20:30] * 50])
         assert torch.equal(bi.linear(batch, pk, b)[pos:pos + 1], full[9:10]), pos
 
 
