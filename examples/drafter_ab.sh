@@ -9,7 +9,7 @@
 #     shipped drafter, every arm and the winner.
 # Resumable: a run resumes from its checkpoint and a finished one is skipped; all share one feature cache
 # (features are keyed by record id, so the winner's data adds shards to the arms' ones).
-#   OUT=/work/ab STEPS=400 WINNER_STEPS=1800 AUTOCAST=bf16 bash examples/drafter_ab.sh
+#   OUT=/work/ab STEPS=400 WINNER_STEPS=800 AUTOCAST=bf16 bash examples/drafter_ab.sh
 # AUTOCAST=bf16 pays only on a CPU with bf16 hardware (AVX512-BF16 / AMX: 1.46x the fp32 step rate there, 9x
 # slower without). Cost on the 2-core Xeon of session 10, one thread each: the feature cache ~9 min per 1,000
 # records, an arm ~7 min of training plus two held-out evaluations of ~1.5 min, the report ~10 min a drafter.
@@ -17,7 +17,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/work/ab}
 STEPS=${STEPS:-400}
-WINNER_STEPS=${WINNER_STEPS:-1800}
+WINNER_STEPS=${WINNER_STEPS:-800}
 AUTOCAST=${AUTOCAST:-float32}
 SHIP=${SHIP:-$HERE/runtime/assets/smollm2-dflash}
 ALL=$OUT/data_all.jsonl   # every committed record

@@ -45,8 +45,8 @@ def test_step_bytes_are_what_the_kernels_read(tmp_path, weights, width, scales):
     e = LLM(target=t, draft=d, max_batch_size=1, max_seq_len=64, weights=weights).engine
     head = 128 * 64 * width + (128 * 4 if scales else 0)
     assert membw.target_step_bytes(e.target) == _expected(t, width, scales)
-    # the drafter keeps its own fp32 layers and drafts with the target's head as packed
-    drafter_own = _expected(d, 4, False)
+    # the drafter's own layers follow `weights` (draft_weights' default), and it drafts with the target's head
+    drafter_own = _expected(d, width, scales)
     assert membw.drafter_step_bytes(e.proposer.drafter, e.target) == drafter_own + head
     macs = sum(x.numel() for x in load_file(os.path.join(t, "model.safetensors")).values() if x.dim() == 2)
     assert membw.target_block_flops(e.target, 8) == 2.0 * 8 * macs

@@ -75,10 +75,10 @@ def assert_refused_while_draining(base):
 
 
 def test_sigterm_drains_running_requests_then_exits_zero(pair, tmp_path):
-    s = Server(["--target", pair[0], "--draft", pair[1], "--max-seq-len", "1024", "--drain-timeout", "120"],
+    s = Server(["--target", pair[0], "--draft", pair[1], "--max-seq-len", "2048", "--drain-timeout", "120"],
                tmp_path / "log")
-    try:
-        t, out = start_stream(s.base, {"prompt": "drain me", "max_tokens": 300, "temperature": 0,
+    try:  # long enough to be still running when the late request arrives, on a fast CPU too
+        t, out = start_stream(s.base, {"prompt": "drain me", "max_tokens": 1800, "temperature": 0,
                                        "ignore_eos": True})
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
