@@ -121,9 +121,13 @@ def recurrent_gated_delta_rule(q, k, v, decay, beta, starts, lens, state, keep=(
                         for s, xs in inter.items()}
 
 
-def chunked_gated_delta_rule(q, k, v, g, beta, state, chunk: int = 64):
+def chunked_gated_delta_rule(q, k, v, g, beta, state, chunk: int = 16):
     """One segment, chunk by chunk (the UT transform): q, k [L, Hv, Dk], v [L, Hv, Dv], g (log decay) and beta
     [L, Hv], state [Hv, Dk, Dv] fp32. Returns o [L, Hv, Dv] fp32 and the final state.
+
+    The chunk is 16 rows, not the usual 64: the unit-triangular solve grows fp32 error with the chunk. Against
+    the row-by-row recurrence, a 150-row Qwen3-Next prefill measured 9.0e-4 (relative, logits) at 64 rows,
+    1.6e-4 at 32 and 2.5e-5 at 16 (transformers' own chunk-64 fallback: 3.4e-4).
 
     Inside a chunk with cumulative log decay c_t and the chunk's initial state S0, the delta rule unrolls to
     (I + A) U = beta V - beta exp(c) K S0 with A[t, j] = beta_t exp(c_t - c_j) k_t.k_j (j < t); then
