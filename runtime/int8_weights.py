@@ -62,8 +62,6 @@ def repack_target(target, mode: str, sharded: bool = False) -> int:
     """Re-pack the packed target's fp32/bf16 linears and head as `mode`; returns how many linears (head
     included). The linears' unpacked copies are freed; the head's stays (the drafter's draft vocabulary
     slices it)."""
-    from .models.target import Linear
-
     check_weights(mode)
     if mode == "auto":
         return 0
@@ -76,15 +74,7 @@ def repack_target(target, mode: str, sharded: bool = False) -> int:
                           "rank")
     pack = _packer(mode)
     head = getattr(target, "lm_head", None)
-    count = 0
-    for m in target.modules():
-        if not (isinstance(m, Linear) and m.packed is not None and m.weight.numel()
-                and m.packed.dtype in (torch.float32, torch.bfloat16)):
-            continue  # unpacked, or kept FP8 already
-        m.packed = pack(m.weight.data)
-        if m is not head:
-            m.weight.data = torch.empty(0, dtype=m.weight.dtype)  # only the panels are used now
-        count += 1
+    count = _repack_linears(target, pack, keep=head)
     if head is not None and head.packed is not None:
         target.head_packed = head.packed
     else:
@@ -96,22 +86,31 @@ def repack_target(target, mode: str, sharded: bool = False) -> int:
     return count
 
 
+def _repack_linears(model, pack, keep=None) -> int:
+    """Re-pack every fp32/bf16-packed Linear of model (unpacked ones and kept FP8 ones stay); their unpacked
+    copies are freed, except keep's. Returns how many."""
+    from .models.target import Linear
+
+    count = 0
+    for m in model.modules():
+        if not (isinstance(m, Linear) and m.packed is not None and m.weight.numel()
+                and m.packed.dtype in (torch.float32, torch.bfloat16)):
+            continue
+        m.packed = pack(m.weight.data)
+        if m is not keep:
+            m.weight.data = torch.empty(0, dtype=m.weight.dtype)  # only the panels are used now
+        count += 1
+    return count
+
+
 def repack_drafter(drafter, mode: str) -> int:
     """Re-pack the packed drafter's own linears and its draft-vocabulary head (after use_vocab) as `mode`;
     returns how many. Its embedding, norms and the target's head it shares are untouched."""
-    from .models.target import Linear
-
     check_weights(mode)
     if mode == "auto":
         return 0
     pack = _packer(mode)
-    count = 0
-    for m in drafter.modules():
-        if isinstance(m, Linear) and m.packed is not None and m.weight.numel() and \
-                m.packed.dtype in (torch.float32, torch.bfloat16):
-            m.packed = pack(m.weight.data)
-            m.weight.data = torch.empty(0, dtype=m.weight.dtype)
-            count += 1
+    count = _repack_linears(drafter, pack)
     if getattr(drafter, "vocab_packed", None) is not None:
         drafter.vocab_packed = pack(drafter.vocab_head)
         count += 1

@@ -1110,6 +1110,18 @@ BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
   }
 }
 
+// One output vector from its chunks' partials t[0..nch): the pairwise tree, + bias, stored at (row, col).
+BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, int64_t row, int64_t col, int nv) {
+  for (int st = 1; st < nch; st *= 2)  // level st adds chunk c+st into chunk c (c multiple of 2 st)
+    for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
+  V16 o = t[0];
+  if (p.bias) o = vadd(o, bias);
+  if (p.yt == bi::BF16)
+    st_n<true>(p.y, row * p.ldy + col, o, nv);
+  else
+    st_n<false>(p.y, row * p.ldy + col, o, nv);
+}
+
 // ---- linear microkernel: MR rows x NP panels of 32 columns ----------------------------------------------
 // Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
 // xc: the tile's x packed k-major at the chunk's first k (xc[k * MR + m]); w: panel pn0 at that k.
@@ -1205,23 +1217,13 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
       V16 bias = vzero();
       if (p.bias) bias = ld_n<false>(p.bias, col, nv);
       for (int m = 0; m < MR; ++m) {
-        V16 o = acc[m][j][h];
         const int nch = p.nchunks;
-        if (nch > 1) {
-          // this is chunk nch-1; chunk c's partial sits at acc_out - (nch-1-c) * chunk_stride
-          const float* base = acc_out - (nch - 1) * chunk_stride + (m * NP + j) * 32 + 16 * h;
-          V16 t[8];
-          for (int c = 0; c < nch - 1; ++c) t[c] = vload(base + c * chunk_stride);
-          t[nch - 1] = o;
-          for (int st = 1; st < nch; st *= 2)  // level st adds chunk c+st into chunk c (c multiple of 2 st)
-            for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
-          o = t[0];
-        }
-        if (p.bias) o = vadd(o, bias);
-        if (p.yt == bi::BF16)
-          st_n<true>(p.y, (m0 + m) * p.ldy + col, o, nv);
-        else
-          st_n<false>(p.y, (m0 + m) * p.ldy + col, o, nv);
+        // this is chunk nch-1; chunk c's partial sits at acc_out - (nch-1-c) * chunk_stride
+        const float* base = acc_out - (nch - 1) * chunk_stride + (m * NP + j) * 32 + 16 * h;
+        V16 t[8];
+        for (int c = 0; c < nch - 1; ++c) t[c] = vload(base + c * chunk_stride);
+        t[nch - 1] = acc[m][j][h];
+        tree_store(p, t, nch, bias, m0 + m, col, nv);
       }
     }
 }
@@ -1376,35 +1378,25 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   for (int64_t r = m0; r < m1; r += MRQ) {
     const int mr = (int)std::min<int64_t>(MRQ, m1 - r);
     const LinqFn fk = linq_pick<NPQ>(mr);
-    for (int64_t g = pn0; g < pn1; g += NPQ) {
-      const int np = NPQ;  // NPQ == 1: one panel per call
+    for (int64_t g = pn0; g < pn1; ++g) {  // one panel per call (NPQ == 1)
       for (int c = 0; c < nch; ++c)
         fk(p.xq + r * p.ldq + c * cl, p.ldq, w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32, pstride, nq,
            ib.data() + c * cs);
-      for (int j = 0; j < np; ++j)
-        for (int h = 0; h < 2; ++h) {
-          const int64_t col = (g + j) * 32 + 16 * h;
-          const int64_t rem = p.N - col;
-          if (rem <= 0) continue;
-          const int nv = rem >= 16 ? 16 : (int)rem;
-          const V16 sw = vload(p.ws + col);
-          V16 bias = vzero();
-          if (p.bias) bias = ld_n<false>(p.bias, col, nv);
-          for (int m = 0; m < mr; ++m) {
-            V16 t[8];
-            for (int c = 0; c < nch; ++c)
-              t[c] = vmul(vmul(vcvt_i32(ib.data() + c * cs + (m * np + j) * 32 + 16 * h),
-                               vset1(p.xs[(r + m) * nch + c])), sw);
-            for (int st = 1; st < nch; st *= 2)
-              for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
-            V16 o = t[0];
-            if (p.bias) o = vadd(o, bias);
-            if (p.yt == bi::BF16)
-              st_n<true>(p.y, (r + m) * p.ldy + col, o, nv);
-            else
-              st_n<false>(p.y, (r + m) * p.ldy + col, o, nv);
-          }
+      for (int h = 0; h < 2; ++h) {
+        const int64_t col = g * 32 + 16 * h;
+        const int64_t rem = p.N - col;
+        if (rem <= 0) continue;
+        const int nv = rem >= 16 ? 16 : (int)rem;
+        const V16 sw = vload(p.ws + col);
+        V16 bias = vzero();
+        if (p.bias) bias = ld_n<false>(p.bias, col, nv);
+        for (int m = 0; m < mr; ++m) {
+          V16 t[8];
+          for (int c = 0; c < nch; ++c)
+            t[c] = vmul(vmul(vcvt_i32(ib.data() + c * cs + m * 32 + 16 * h), vset1(p.xs[(r + m) * nch + c])), sw);
+          tree_store(p, t, nch, bias, r + m, col, nv);
         }
+      }
     }
   }
 }
