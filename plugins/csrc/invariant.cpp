@@ -303,7 +303,9 @@ static int64_t packed_k(const at::Tensor& packed) {
 }
 
 // W8A8: quantise the chunks' columns of x per row and chunk (the one definition every ISA consumes)
-static void quantize_x(LinParams& p, int64_t M, std::vector<uint8_t>& q, std::vector<float>& s) {
+static void quantize_x(LinParams& p, int64_t M) {
+  thread_local std::vector<uint8_t> q;  // per calling thread, reused: no allocation per decode step
+  thread_local std::vector<float> s;
   const int64_t cl = p.chunk_len, kx = cl * p.nchunks;
   TORCH_CHECK(cl % 4 == 0, "bi_linear: a W8A8 weight needs chunks of a multiple of 4 columns, got ", cl);
   q.resize((size_t)(M * kx));
@@ -395,9 +397,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   p.y = y.data_ptr();
   p.yt = yt;
   p.ldy = n;
-  std::vector<uint8_t> xq;
-  std::vector<float> xs;
-  if (p.wt == I8Q) quantize_x(p, M, xq, xs);
+  if (p.wt == I8Q) quantize_x(p, M);
   run_linear(p, M);
   return y;
 }
@@ -445,9 +445,7 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
   p.y = y.data_ptr();
   p.yt = F32;
   p.ldy = n;
-  std::vector<uint8_t> xq;
-  std::vector<float> xs;
-  if (p.wt == I8Q) quantize_x(p, M, xq, xs);
+  if (p.wt == I8Q) quantize_x(p, M);
   run_linear(p, M);
   return y;
 }
