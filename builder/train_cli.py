@@ -285,6 +285,9 @@ def main(argv=None) -> int:
     p.add_argument("--magpie-domains", type=int, default=0, metavar="N",
                    help="with --make-data: also N Magpie requests steered by domain system prompts (code, maths, "
                         "writing, reasoning, role-play, extraction, STEM, humanities)")
+    p.add_argument("--code-stubs", type=int, default=0, metavar="N",
+                   help="generate data: also N HumanEval-shaped function stubs to complete (standard library, sympy "
+                        "and networkx signatures and docstrings), answered first")
     p.add_argument("--split", choices=("tasks", "first"),
                    help="held-out records: `tasks` (new runs) holds out whole tasks of every record kind, chosen by "
                         "a hash of the task, so the set is fixed as data grows (builder/training/split.py); "
@@ -405,7 +408,7 @@ def _train(args, group) -> int:
     if args.regenerate:  # the user's prompts, checked now; the target's answers go to OUTPUT/data.jsonl
         user = load_data(args.data, tcfg.vocab_size, target_dir, regenerate=True)
         data = os.path.join(out, "data.jsonl")
-    elif not args.make_data:  # user data: every fault found before OUTPUT is touched
+    elif not (args.make_data or args.code_stubs):  # user data: every fault found before OUTPUT is touched
         records = load_data(data, tcfg.vocab_size, target_dir)
     rule = split_rule(out, args.split, args.resume)
     sync()  # every rank has looked at OUTPUT before rank 0 writes to it
@@ -416,10 +419,10 @@ def _train(args, group) -> int:
     try:
         if rank0:
             os.makedirs(out, exist_ok=True)
-            if args.make_data:
+            if args.make_data or args.code_stubs:
                 from .training.datagen import generate_data
                 generate_data(target_dir, data, args.make_data, magpie=args.magpie,
-                              magpie_domains=args.magpie_domains, log=log)
+                              magpie_domains=args.magpie_domains, code_stubs=args.code_stubs, log=log)
             if args.regenerate:
                 from .training.regenerate import regenerate
                 regenerate(user, target_dir, data, args.regenerate, args.regenerate_max_tokens,

@@ -30,11 +30,12 @@ def done_ids(path: str) -> set[int]:
 
 def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, max_tokens: int = 256,
                   batch: int = 32, newest_first: bool = False, magpie: int = 0, magpie_domains: int = 0,
-                  log=print) -> None:
+                  code_stubs: int = 0, log=print) -> None:
     """newest_first: highest prompt ids first, so that after raising num_prompts the prompt kinds that only
     exist past the first 8,000 arrive before the older mix. magpie: also answer that many requests the target
     writes itself (magpie.py; cached beside out_path), before the templated prompts. magpie_domains: that many
-    more, each written under one of magpie.DOMAINS' system prompts, answered first of all."""
+    more, each written under one of magpie.DOMAINS' system prompts, answered first of all. code_stubs: that many
+    HumanEval-shaped function stubs (stubs.py), answered before everything else."""
     from ...llm import LLM
     from ...sampling import SamplingParams
 
@@ -52,6 +53,9 @@ def generate_data(target: str, out_path: str, num_prompts: int, seed: int = 0, m
         asks = magpie_prompts(target, magpie_domains, out_path + ".magpie-domains.jsonl", seed, batch, domains=True,
                               id_base=DOMAIN_ID_BASE, log=log)
         todo = [p for p in asks if p["id"] not in have] + todo
+    if code_stubs:
+        from .stubs import code_stub_prompts
+        todo = [p for p in code_stub_prompts(code_stubs, seed) if p["id"] not in have] + todo
     log(f"{len(have)} records present, {len(todo)} to generate -> {out_path}")
     if not todo:
         return
