@@ -195,6 +195,22 @@ def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Packe
     return PackedLinear(data, n, k)
 
 
+def pack_linear_bf16_pairs(weight: torch.Tensor) -> PackedLinear:
+    """bf16 weights for bf16 x bf16 dot products: int16 panels [P, K, 32] holding, per pair of k and column, the
+    bf16 of k = 2q in the low half and of k = 2q + 1 in the high half of a 32-bit lane (AVX512-BF16's
+    vdpbf16ps operand). The kernel rounds x to bf16 (nearest even) and accumulates each k-pair in fp32, the odd
+    k first: on a CPU without AVX512-BF16 two fmas in that order give the same bits. K must be even (a multiple
+    of 2 * k_splits under chunked sums)."""
+    assert weight.dim() == 2 and weight.shape[1] % 2 == 0, f"bf16 pair panels need an even K, got {weight.shape}"
+    n, k = weight.shape
+    p = (n + PANEL - 1) // PANEL
+    w = weight.detach().to(device="cpu", dtype=torch.bfloat16)
+    if p * PANEL != n:
+        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
+    pairs = w.view(p, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()  # [P, K/2, 32, 2]
+    return PackedLinear(pairs.view(torch.int16).view(p, k, PANEL), n, k)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
 

@@ -87,14 +87,14 @@ def repack_target(target, mode: str, sharded: bool = False) -> int:
 
 
 def _repack_linears(model, pack, keep=None) -> int:
-    """Re-pack every fp32/bf16-packed Linear of model (unpacked ones and kept FP8 ones stay); their unpacked
+    """Re-pack every fp32/bf16-packed Linear (bf16 k-pairs included) of model (unpacked ones and kept FP8 ones stay); their unpacked
     copies are freed, except keep's. Returns how many."""
     from .models.target import Linear
 
     count = 0
     for m in model.modules():
         if not (isinstance(m, Linear) and m.packed is not None and m.weight.numel()
-                and m.packed.dtype in (torch.float32, torch.bfloat16)):
+                and m.packed.dtype in (torch.float32, torch.bfloat16, torch.int16)):
             continue
         m.packed = pack(m.weight.data)
         if m is not keep:

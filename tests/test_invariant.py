@@ -38,6 +38,18 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                           else torch.int32))
 
 
+PAIRS = "bf16-pairs"  # bf16 k-pair panels: x rounded to bf16, bf16 x bf16 products (vdpbf16ps where present)
+
+
+def _pack(w, kind):
+    return bi.pack_linear_bf16_pairs(w) if kind == PAIRS else bi.pack_linear(w, kind)
+
+
+def _as_packed(w, kind):
+    """The weight and x rounding a packing computes with (pairs: bf16 weights, bf16 x)."""
+    return w.to(torch.bfloat16 if kind in (torch.bfloat16, PAIRS) else torch.float32)
+
+
 # ---- references -----------------------------------------------------------------------------------------------
 
 def hf_rms_norm(x, w, eps):
@@ -89,12 +101,12 @@ def sdpa_ref(q, kc, vc, seqs, slots, offs, scale, causal=True):
 
 # ---- linear ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, PAIRS])
 def test_linear_rows_bitwise_invariant(wdtype):
     k, n = 576, 1536
     w = _randn(n, k, seed=1)
     b = _randn(n, seed=2)
-    pk = bi.pack_linear(w, wdtype)
+    pk = _pack(w, wdtype)
     x = _randn(64, k, seed=3)
     full = bi.linear(x, pk, b)
     for m in range(1, 65):
@@ -154,14 +166,15 @@ def test_linear_bf16():
     assert _same(bi.linear(x3, pk).view(8, n), bi.linear(x, pk))
 
 
-@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16, PAIRS])
 def test_k_splits_partial_tree_sum(wdtype):
     k, n = 576, 1536
     w = _randn(n, k, seed=30)
     b = _randn(n, seed=31)
     x = _randn(11, k, seed=32)
-    pk = bi.pack_linear(w, wdtype)
-    ref = F.linear(x.double(), w.to(wdtype).double(), b.double()).float()
+    pk = _pack(w, wdtype)
+    xr = x.to(torch.bfloat16) if wdtype == PAIRS else x
+    ref = F.linear(xr.double(), _as_packed(w, wdtype).double(), b.double()).float()
     for ks in (1, 2, 4, 8):
         y = bi.linear(x, pk, b, k_splits=ks)
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
@@ -175,14 +188,14 @@ def test_k_splits_partial_tree_sum(wdtype):
             # a TP rank that only holds its K slice of x and of the weight
             ck = k // tp
             slices = [bi.linear_partial(x[:, r * ck:(r + 1) * ck],
-                                        bi.pack_linear(w[:, r * ck:(r + 1) * ck], wdtype), 0, per, per)
+                                        _pack(w[:, r * ck:(r + 1) * ck], wdtype), 0, per, per)
                       for r in range(tp)]
             assert _same(bi.tree_sum(slices, b, x.dtype), y), (ks, tp)
             # x holding only the chunks' columns, full packed weight
             xs = [bi.linear_partial(x[:, r * ck:(r + 1) * ck], pk, r * per, (r + 1) * per, ks) for r in range(tp)]
             assert _same(bi.tree_sum(xs, b, x.dtype), y)
             # and a rank's own partial equals the linear of its slice with k_splits // tp
-            s0 = bi.linear(x[:, :ck], bi.pack_linear(w[:, :ck], wdtype), k_splits=per)
+            s0 = bi.linear(x[:, :ck], _pack(w[:, :ck], wdtype), k_splits=per)
             assert _same(s0, parts[0])
     # bf16 activations through the tree as well
     xb = x.to(torch.bfloat16)
@@ -193,6 +206,29 @@ def test_k_splits_partial_tree_sum(wdtype):
         bi.linear(x[:, :575], bi.pack_linear(w[:, :575]), k_splits=2)
     with pytest.raises(RuntimeError):
         bi.linear_partial(x, pk, 1, 3, 4)  # not aligned
+
+
+def test_linear_bf16_pairs():
+    """bf16 k-pair panels: y = bf16(x) @ W with exact products, close to a float64 reference; bf16 x rounds
+    nothing more; the format's limits fail with a clear message."""
+    k, n = 576, 1000
+    w = _randn(n, k, seed=24, dtype=torch.bfloat16)
+    pk = bi.pack_linear_bf16_pairs(w)
+    assert pk.dtype == torch.int16 and pk.nbytes() == 32 * 32 * k * 2 and pk.n == n
+    x = _randn(9, k, seed=25)
+    ref = F.linear(x.to(torch.bfloat16).double(), w.double()).float()
+    torch.testing.assert_close(bi.linear(x, pk), ref, rtol=1e-5, atol=1e-4)
+    assert _same(bi.linear(x.to(torch.bfloat16), pk), bi.linear(x, pk).to(torch.bfloat16))
+    # the same products as the fp32 kernel on the rounded operands, in another order: close, not equal
+    yf = bi.linear(x.to(torch.bfloat16).float(), bi.pack_linear(w.float()))
+    torch.testing.assert_close(bi.linear(x, pk), yf, rtol=1e-5, atol=1e-4)
+    with pytest.raises(AssertionError, match="even K"):
+        bi.pack_linear_bf16_pairs(w[:, :575])
+    torch.testing.assert_close(bi.linear(x[:, :36], bi.pack_linear_bf16_pairs(w[:, :36]), k_splits=2),
+                               F.linear(x[:, :36].to(torch.bfloat16).double(), w[:, :36].double()).float(),
+                               rtol=1e-5, atol=1e-4)  # chunks of 18
+    with pytest.raises(RuntimeError, match="even number of columns"):
+        bi.linear(x[:, :36], bi.pack_linear_bf16_pairs(w[:, :36]), k_splits=4)  # chunks of 9 are not
 
 
 def test_linear_odd_k_and_n():
@@ -215,8 +251,8 @@ def _everything(seed=50):
     b = _randn(n, seed=seed + 1)
     x = _randn(37, k, seed=seed + 2)
     out = []
-    for wd in (torch.float32, torch.bfloat16):
-        pk = bi.pack_linear(w, wd)
+    for wd in (torch.float32, torch.bfloat16, PAIRS):
+        pk = _pack(w, wd)
         out += [bi.linear(x, pk, b), bi.linear(x[:1], pk), bi.linear(x, pk, k_splits=8),
                 bi.linear_partial(x, pk, 2, 4, 4), bi.linear(x.to(torch.bfloat16), pk, b)]
     p8 = bi.pack_linear_int8(w)  # int8 panels: the codes widened and scaled in registers

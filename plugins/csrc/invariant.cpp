@@ -8,6 +8,11 @@
 //   linear    y[m,n] = tree_c( fma-chain_{k in chunk c, ascending}(x[m,k] * w[n,k]) ) (+ bias[n])
 //             chunks: K split into k_splits equal contiguous ranges; tree = pairwise levels
 //             ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)). Each fma chain starts from +0.
+//   BF16 pairs (int16 panels of bf16 k-pairs) x is rounded to bf16 (nearest even) and the chain runs over the
+//             chunk's k-pairs, the odd k before the even one: acc = fma(x[2q], w[2q], fma(x[2q+1], w[2q+1],
+//             acc)), which is what AVX512-BF16's vdpbf16ps computes (the products of bf16 numbers are exact in
+//             fp32; it flushes subnormal inputs and results, which the FMA paths do not, so the ISAs agree
+//             for every number above 2^-126).
 //   W8A8      (int32 weight panels of int8 k-quads) x is quantised per row and chunk in shared code:
 //             a = max|x| over the chunk, xq = clamp(rint(x * (127/a)), +-127), sx = a / 127; the chunk's
 //             integer dot product sum_k xq*w is exact whatever the instruction (VNNI, pmaddwd, scalar), then
@@ -49,7 +54,9 @@ namespace bi {
 
 // F8: float8_e4m3fn weights, I8: int8 weights with a per-column scale (linear only)
 // I8Q: int8 weights in k-quads (int32 [P][K/4][32], byte b of a lane = k 4q+b) for integer dot products (W8A8)
-enum DType : int { F32 = 0, BF16 = 1, F8 = 2, I8 = 3, I8Q = 4 };
+// BF16P: bf16 weights in k-pairs (int16 [P][K][32] = u32 [P][K/2][32], lane = lo: k 2q, hi: k 2q+1) for
+// bf16 x bf16 dot products
+enum DType : int { F32 = 0, BF16 = 1, F8 = 2, I8 = 3, I8Q = 4, BF16P = 5 };
 
 struct LinParams {
   const float* x;   // [M, ldx] fp32
@@ -294,6 +301,7 @@ static int weight_code(const at::Tensor& packed) {
   if (packed.scalar_type() == at::kByte) return F8;
   if (packed.scalar_type() == at::kChar) return I8;
   if (packed.scalar_type() == at::kInt) return I8Q;
+  if (packed.scalar_type() == at::kShort) return BF16P;
   return dtype_code(packed, "packed weight");
 }
 
@@ -393,6 +401,8 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   p.N = n;
   p.chunk_len = Kp / k_splits;
   p.nchunks = (int)k_splits;
+  TORCH_CHECK(p.wt != BF16P || p.chunk_len % 2 == 0, "bi_linear: bf16 k-pair panels need chunks of an even "
+              "number of columns, got ", p.chunk_len, " (pack with pack_linear(w, torch.bfloat16) instead)");
   p.bias = bf.defined() ? bf.data_ptr<float>() : nullptr;
   p.y = y.data_ptr();
   p.yt = yt;
@@ -441,6 +451,8 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
   p.N = n;
   p.chunk_len = cl;
   p.nchunks = (int)cnt;
+  TORCH_CHECK(p.wt != BF16P || cl % 2 == 0, "bi_linear_partial: bf16 k-pair panels need chunks of an even "
+              "number of columns, got ", cl);
   p.bias = nullptr;
   p.y = y.data_ptr();
   p.yt = F32;
@@ -1121,15 +1133,51 @@ BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, 
 }
 
 // ---- linear microkernel: MR rows x NP panels of 32 columns ----------------------------------------------
-// Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
-// xc: the tile's x packed k-major at the chunk's first k (xc[k * MR + m]); w: panel pn0 at that k.
-// Not done: the partial goes to acc_out ([MR][NP * 32] fp32) for the tree.
+// A tile's chains over one chunk are in acc. Not done: the partial goes to acc_out ([MR][NP * 32] fp32) for
+// the tree. Done (the call's last chunk): the earlier chunks' partials (acc_out - c * chunk_stride, ...) and
+// this one meet in the tree, then + bias, into y.
+template <int MR, int NP>
+BI_INLINE void lin_finish(const LinParams& p, V16 (&acc)[MR][NP][2], float* acc_out, int64_t chunk_stride, bool done,
+                          int64_t m0, int64_t pn0) {
+  if (!done) {
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NP; ++j)
+        for (int h = 0; h < 2; ++h) vstore(acc_out + (m * NP + j) * 32 + 16 * h, acc[m][j][h]);
+    return;
+  }
+  for (int j = 0; j < NP; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t col = (pn0 + j) * 32 + 16 * h;
+      const int64_t rem = p.N - col;
+      if (rem <= 0) continue;
+      const int nv = rem >= 16 ? 16 : (int)rem;
+      V16 bias = vzero();
+      if (p.bias) bias = ld_n<false>(p.bias, col, nv);
+      for (int m = 0; m < MR; ++m) {
+        const int nch = p.nchunks;
+        // this is chunk nch-1; chunk c's partial sits at acc_out - (nch-1-c) * chunk_stride
+        const float* base = acc_out - (nch - 1) * chunk_stride + (m * NP + j) * 32 + 16 * h;
+        V16 t[8];
+        for (int c = 0; c < nch - 1; ++c) t[c] = vload(base + c * chunk_stride);
+        t[nch - 1] = acc[m][j][h];
+        tree_store(p, t, nch, bias, m0 + m, col, nv);
+      }
+    }
+}
 
-// Done (the call's last chunk): the earlier chunks' partials (acc_out - c * chunk_stride, ...) and this one
-// meet in the tree, then + bias, into y.
+// Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
+// xv: the tile's x packed k-major at the chunk's first k (fp32 xc[k * MR + m]; for BF16P bf16 k-pairs, the
+// pair q of row m at xh[2 (q * MR + m)], even k first); w: panel pn0 at that k.
+BI_INLINE uint32_t x_pair(const uint16_t* xh, int64_t i) {
+  uint32_t u;
+  std::memcpy(&u, xh + 2 * i, 4);
+  return u;
+}
+
 template <int MR, int NP, int WK>
-static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64_t panel_stride, int64_t len,
+static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_t panel_stride, int64_t len,
                        float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
+  const float* xc = (const float*)xv;
   V16 acc[MR][NP][2];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NP; ++j)
@@ -1159,6 +1207,27 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
           acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
           acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
         }
+      }
+    }
+  } else if (WK == bi::BF16P) {
+    // the odd k's fma before the even one's, as vdpbf16ps orders them (lin_kernel_dp)
+    const uint16_t* xh = (const uint16_t*)xv;
+    const uint32_t* wp[NP];
+    for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
+#pragma GCC unroll 2
+    for (int64_t q = 0; q < len / 2; ++q) {
+      V16 bo[NP][2], be[NP][2];
+      for (int j = 0; j < NP; ++j) {
+        vload_bfpair(wp[j] + q * 32, bo[j][0], be[j][0]);
+        vload_bfpair(wp[j] + q * 32 + 16, bo[j][1], be[j][1]);
+        _mm_prefetch((const char*)(wp[j] + (q + 8) * 32), _MM_HINT_T0);
+        _mm_prefetch((const char*)(wp[j] + (q + 8) * 32 + 16), _MM_HINT_T0);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const uint32_t u = x_pair(xh, q * MR + m);
+        const V16 ao = vset1(u2f(u & 0xFFFF0000u)), ae = vset1(u2f(u << 16));
+        for (int j = 0; j < NP; ++j)
+          for (int h = 0; h < 2; ++h) acc[m][j][h] = vfma(ae, be[j][h], vfma(ao, bo[j][h], acc[m][j][h]));
       }
     }
   } else if (WK == bi::BF16) {
@@ -1200,37 +1269,63 @@ static void lin_kernel(const LinParams& p, const float* xc, const void* w, int64
       }
     }
   }
-  if (!done) {
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NP; ++j)
-        for (int h = 0; h < 2; ++h) vstore(acc_out + (m * NP + j) * 32 + 16 * h, acc[m][j][h]);
-    return;
-  }
-  for (int j = 0; j < NP; ++j)
-    for (int h = 0; h < 2; ++h) {
-      const int64_t col = (pn0 + j) * 32 + 16 * h;
-      const int64_t rem = p.N - col;
-      if (rem <= 0) continue;
-      const int nv = rem >= 16 ? 16 : (int)rem;
-      V16 bias = vzero();
-      if (p.bias) bias = ld_n<false>(p.bias, col, nv);
-      for (int m = 0; m < MR; ++m) {
-        const int nch = p.nchunks;
-        // this is chunk nch-1; chunk c's partial sits at acc_out - (nch-1-c) * chunk_stride
-        const float* base = acc_out - (nch - 1) * chunk_stride + (m * NP + j) * 32 + 16 * h;
-        V16 t[8];
-        for (int c = 0; c < nch - 1; ++c) t[c] = vload(base + c * chunk_stride);
-        t[nch - 1] = acc[m][j][h];
-        tree_store(p, t, nch, bias, m0 + m, col, nv);
-      }
-    }
+  lin_finish<MR, NP>(p, acc, acc_out, chunk_stride, done, m0, pn0);
 }
 
-typedef void (*LinKernelFn)(const LinParams&, const float*, const void*, int64_t, int64_t, float*, int64_t, bool,
+typedef void (*LinKernelFn)(const LinParams&, const void*, const void*, int64_t, int64_t, float*, int64_t, bool,
                             int64_t, int64_t);
+
+#ifndef BI_PF_PAIRS
+#define BI_PF_PAIRS 8  // k-pairs of a BF16P panel (128 B each) fetched ahead
+#endif
+#if BI_KERNEL_PASS == 1
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+// BF16P where the CPU has AVX512-BF16: one vdpbf16ps is lin_kernel's two fmas of a k-pair (odd k first, the
+// products exact), at one instruction per 32 multiply-adds
+template <int MR, int NP>
+static void lin_kernel_dp(const LinParams& p, const void* xv, const void* w, int64_t panel_stride, int64_t len,
+                          float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
+  V16 acc[MR][NP][2];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NP; ++j)
+      for (int h = 0; h < 2; ++h) acc[m][j][h] = vzero();
+  const uint16_t* xh = (const uint16_t*)xv;
+  const uint32_t* wp[NP];
+  for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
+#pragma GCC unroll 2
+  for (int64_t q = 0; q < len / 2; ++q) {
+    __m512bh b[NP][2];
+    for (int j = 0; j < NP; ++j) {
+      b[j][0] = (__m512bh)_mm512_loadu_si512((const void*)(wp[j] + q * 32));
+      b[j][1] = (__m512bh)_mm512_loadu_si512((const void*)(wp[j] + q * 32 + 16));
+      _mm_prefetch((const char*)(wp[j] + (q + BI_PF_PAIRS) * 32), _MM_HINT_T0);
+      _mm_prefetch((const char*)(wp[j] + (q + BI_PF_PAIRS) * 32 + 16), _MM_HINT_T0);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32((int)x_pair(xh, q * MR + m));
+      for (int j = 0; j < NP; ++j)
+        for (int h = 0; h < 2; ++h) acc[m][j][h].v = _mm512_dpbf16_ps(acc[m][j][h].v, a, b[j][h]);
+    }
+  }
+  lin_finish<MR, NP>(p, acc, acc_out, chunk_stride, done, m0, pn0);
+}
+#pragma GCC pop_options
+static bool cpu_dpbf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#endif
 
 template <int MR, int WK>
 static LinKernelFn lin_pick_np(int np) {
+#if BI_KERNEL_PASS == 1
+  if (WK == bi::BF16P && cpu_dpbf16()) {
+    if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel_dp<MR, 4>;
+    if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel_dp<MR, 2>;
+    return &lin_kernel_dp<MR, 1>;
+  }
+#endif
   if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 4, WK>;
   if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 2, WK>;
   return &lin_kernel<MR, 1, WK>;
@@ -1283,9 +1378,12 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
   // bytes of one k of a panel: 32 floats, 16 u32 bf16 pairs, or 32 e4m3 / int8 bytes; the kernels' panel
   // stride is in elements of their pointer type (4 bytes, 4 bytes, 1 byte)
   const bool bytes = p.wt == bi::F8 || p.wt == bi::I8;
-  const int64_t kbytes = p.wt == bi::F32 ? 128 : (p.wt == bi::BF16 ? 64 : 32);
+  const bool pairs = p.wt == bi::BF16P;
+  const int64_t kbytes = p.wt == bi::F32 ? 128 : (p.wt == bi::BF16 || pairs ? 64 : 32);
   const int64_t pstride = p.K * (bytes ? 32 : kbytes / 4);
+  const int64_t xsize = pairs ? 2 : 4;  // bytes of one k of a packed x row: fp32, or half a bf16 pair
   thread_local std::vector<float> xbuf, abuf;
+  thread_local std::vector<uint16_t> hbuf, hrow;
   for (int64_t b0 = m0; b0 < m1; b0 += mb) {
     const int64_t rows = std::min(mb, m1 - b0);
     const int64_t nt = (rows + MR_MAX - 1) / MR_MAX;
@@ -1297,9 +1395,29 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
     // panels share a call never changes a result.
     if (bytes) npw = 1;
 #endif
-    // pack the block's tiles k-major (a 1-row tile is its own packing)
-    const float* xt0 = p.x + b0 * p.ldx + p.xk0;
-    if (rows > 1) {
+    // pack the block's tiles k-major (a 1-row fp32 tile is its own packing)
+    const void* xt0 = p.x + b0 * p.ldx + p.xk0;
+    if (pairs) {  // x rounded to bf16 (nearest even), k-pairs of each row interleaved over the tile's rows
+      if ((int64_t)hbuf.size() < rows * kx) hbuf.resize(rows * kx);
+      if ((int64_t)hrow.size() < kx) hrow.resize(kx);
+      uint16_t* d = hbuf.data();
+      int64_t r = b0;
+      for (int64_t t = 0; t < nt; ++t) {
+        const int mr = base + (t < extra ? 1 : 0);
+        for (int m = 0; m < mr; ++m) {
+          const float* src = p.x + (r + m) * p.ldx + p.xk0;
+          uint16_t* h = mr == 1 ? d : hrow.data();
+          int64_t k = 0;
+          for (; k + 16 <= kx; k += 16) vstore_bf(h + k, vload(src + k));
+          if (k < kx) vstore_bf_n(h + k, vload_n(src + k, (int)(kx - k)), (int)(kx - k));
+          if (mr > 1)
+            for (int64_t q = 0; q < kx / 2; ++q) std::memcpy(d + 2 * (q * mr + m), h + 2 * q, 4);
+        }
+        d += mr * kx;
+        r += mr;
+      }
+      xt0 = hbuf.data();
+    } else if (rows > 1) {
       if ((int64_t)xbuf.size() < rows * kx) xbuf.resize(rows * kx);
       float* d = xbuf.data();
       int64_t r = b0;
@@ -1324,21 +1442,22 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
           case bi::F8: return lin_pick<bi::F8>(mr, np);
           case bi::I8: return lin_pick<bi::I8>(mr, np);
           case bi::BF16: return lin_pick<bi::BF16>(mr, np);
+          case bi::BF16P: return lin_pick<bi::BF16P>(mr, np);
           default: return lin_pick<bi::F32>(mr, np);
         }
       };
       LinKernelFn fk[2] = {pick(base), pick(base + 1)};
       const char* wg = (const char*)p.w + g * p.K * kbytes;
-      const float* xt = xt0;
+      const char* xt = (const char*)xt0;
       int64_t r = b0;
       for (int64_t t = 0; t < nt; ++t) {
         const int mr = base + (t < extra ? 1 : 0);
         for (int c = 0; c < nch; ++c) {
           const int64_t kw = p.wk0 + c * cl;  // k within the packed weight
-          fk[t < extra ? 1 : 0](p, xt + c * cl * mr, wg + kw * kbytes, pstride, cl,
+          fk[t < extra ? 1 : 0](p, xt + c * cl * mr * xsize, wg + kw * kbytes, pstride, cl,
                                 abuf.data() + c * cstride, cstride, c == nch - 1, r, g);
         }
-        xt += mr * kx;
+        xt += mr * kx * xsize;
         r += mr;
       }
       g += np;
