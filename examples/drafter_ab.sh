@@ -5,11 +5,13 @@
 #   - arms: STEPS steps each on the first 1,082 records (the A/B of session 10: 400 steps), one thread, one
 #     after another: control (exp weights, gamma 4, cosine), dpace, block5, gamma2, wsd, lr6e-4;
 #   - winner: D-PACE position weights, cosine, lr 2e-4, WINNER_STEPS steps on every record;
+#   - code: the same recipe for CODE_STEPS steps on every record plus the code-stub answers (session 11);
 #   - the report (REPORT=1): decode tau per domain on the held-out tasks, and on HumanEval / MT-Bench, of the
 #     shipped drafter, every arm and the winner.
 # Resumable: a run resumes from its checkpoint and a finished one is skipped; all share one feature cache
 # (features are keyed by record id, so the winner's data adds shards to the arms' ones).
 #   OUT=/work/ab STEPS=400 WINNER_STEPS=800 AUTOCAST=bf16 bash examples/drafter_ab.sh
+# ONLY="code" (names separated by spaces) runs and reports only those runs.
 # AUTOCAST=bf16 pays only on a CPU with bf16 hardware (AVX512-BF16 / AMX: 1.46x the fp32 step rate there, 9x
 # slower without). Cost on the 2-core Xeon of session 10, one thread each: the feature cache ~9 min per 1,000
 # records, an arm ~7 min of training plus two held-out evaluations of ~1.5 min, the report ~10 min a drafter.
@@ -18,6 +20,7 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/work/ab}
 STEPS=${STEPS:-400}
 WINNER_STEPS=${WINNER_STEPS:-800}
+CODE_STEPS=${CODE_STEPS:-600}
 AUTOCAST=${AUTOCAST:-float32}
 SHIP=${SHIP:-$HERE/runtime/assets/smollm2-dflash}
 ALL=$OUT/data_all.jsonl   # every committed record
@@ -34,6 +37,7 @@ RUNS=()
 train() {  # name data steps args...
   local name=$1 data=$2 steps=$3; shift 3
   local out=$OUT/$name
+  [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]] && return 0
   RUNS+=("$out")
   [ -f "$out/done" ] && return 0
   mkdir -p "$out"
@@ -50,6 +54,15 @@ train gamma2  "$AB" "$STEPS" --block-size 8 --lr 2e-4 --eval-every 100000 --gamm
 train wsd     "$AB" "$STEPS" --block-size 8 --lr 2e-4 --eval-every 100000 --schedule wsd --decay-frac 0.3
 train lr6e-4  "$AB" "$STEPS" --block-size 8 --lr 6e-4 --eval-every 100000
 train winner  "$ALL" "$WINNER_STEPS" --block-size 8 --lr 2e-4 --eval-every 300 --loss-weights dpace
+# session 11: the shipped drafter (the winner) continued on the domain answers plus the target's answers to
+# HumanEval-shaped function stubs (builder/data/code_stubs_seed1.jsonl.xz, `dflash-train --code-stubs N`)
+CODE=$OUT/data_code.jsonl
+if [ ! -f "$CODE" ]; then
+  { cat "$ALL"; xz -dc "$HERE/builder/data/code_stubs_seed1.jsonl.xz"; } > "$CODE.tmp"
+  cp "$ALL.meta.json" "$CODE.meta.json"
+  mv "$CODE.tmp" "$CODE"
+fi
+train code    "$CODE" "$CODE_STEPS" --block-size 8 --lr 2e-4 --eval-every 200 --loss-weights dpace
 [ "${REPORT:-1}" = 1 ] || exit 0
 # every drafter drafts from the same rows: the shipped vocabulary and the tokens of the new data
 python - "$SHIP" "${RUNS[@]}" <<'PY'
@@ -64,4 +77,4 @@ for run in sys.argv[2:]:
 PY
 DRAFTERS=("$SHIP")
 for r in "${RUNS[@]}"; do DRAFTERS+=("$r/drafter"); done
-python "$HERE/benchmarks/drafter_report.py" "${DRAFTERS[@]}" --data "$AB" --threads 1 > "$OUT/report.md"
+python "$HERE/benchmarks/drafter_report.py" "${DRAFTERS[@]}" --data "${REPORT_DATA:-$AB}" --threads 1 > "$OUT/report.md"
