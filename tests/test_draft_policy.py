@@ -3,8 +3,9 @@ import pytest
 
 import tiny
 from dflash_trt import LLM, SamplingParams
-from dflash_trt.spec.policy import (CPU_COSTS, CPU_MIN_CONFIDENCE, AcceptanceEstimate, DraftLengthPolicy, StepCosts,
-                                     best_draft_len, confident_prefixes, expected_tokens, monotone_curve)
+from dflash_trt.spec.policy import (CPU_COSTS, CPU_MIN_CONFIDENCE, MARGIN, AcceptanceEstimate, DraftLengthPolicy,
+                                     StepCosts, best_draft_len, confident_prefixes, expected_tokens, monotone_curve,
+                                     pays)
 from dflash_trt.errors import DFlashError
 
 CPU = StepCosts.for_device("cpu")
@@ -80,6 +81,34 @@ def test_estimate_is_the_geometric_mle_and_follows_the_text():
     for _ in range(30):
         f.update(7, 0)
     assert f.p < 0.05
+
+
+# bf16, one thread, measured at engine start (benchmarks/batching.py, session 11)
+BF16_1T = StepCosts(row=0.135, draft=0.207, draft_row=0.222, curve=((1, 1.14), (4, 1.45), (16, 3.17), (32, 5.52)),
+                    draft_curve=((1, 0.43), (4, 0.94), (16, 3.77)))
+
+
+def test_a_thin_gain_needs_an_estimate_that_has_seen_enough():
+    pol = DraftLengthPolicy("adaptive", BF16_1T)
+    lucky = AcceptanceEstimate(prior_p=0.5, prior_weight=2.0)
+    for _ in range(2):
+        lucky.update(3, 3)  # two landed blocks: p 0.8, from 8 observations
+    assert best_draft_len(lucky.p, 7, 4, BF16_1T, MARGIN) > 0  # the point estimate alone would draft
+    assert lucky.p_low < lucky.p and not pays(lucky.p_low, best_draft_len(lucky.p, 7, 4, BF16_1T, MARGIN), 4,
+                                              BF16_1T, MARGIN)
+    assert pol.choose(AcceptanceEstimate(prior_p=lucky.p, prior_weight=8.0), 7, 4) > 0  # a new request drafts
+    lucky.idle = 1  # but one that gave up and probed its way up to the same p does not resume
+    assert pol.choose(lucky, 7, 4) == 0
+    steady = AcceptanceEstimate(prior_p=0.5, prior_weight=2.0, decay=1.0)
+    for _ in range(60):
+        steady.update(3, 3)
+    steady.update(3, 2)
+    steady.idle = 1
+    assert steady.p == pytest.approx(lucky.p, abs=0.2) and pol.choose(steady, 7, 4) > 0  # seen enough: it drafts
+    # one request: verify rows nearly free, drafting pays even at the lower bound
+    lucky.idle = 1
+    assert pol.choose(lucky, 7, 1) == best_draft_len(lucky.p, 7, 1, BF16_1T, MARGIN) > 0
+    assert AcceptanceEstimate(prior_p=0.5, prior_weight=0.0).p_low == 0.0
 
 
 def test_policy_probes_after_giving_up_and_fixed_mode_keeps_k():
