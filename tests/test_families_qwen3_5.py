@@ -5,9 +5,11 @@ Tolerances (fp32 on both sides): a single layer on identical inputs agrees with 
 of its largest output (summation orders only: our recurrent kernel is sequential, transformers' prefill solves
 a triangular system per 64-token chunk), so TOL_LAYER = 5e-5. Whole models drift further: these random tiny
 hybrids amplify a 3e-6 difference at layer 0 to ~1e-4 in the logits, and transformers' OWN two kernels (its
-chunked prefill vs its token-by-token decode on the same sequence) already disagree by ~8e-5, so TOL_MODEL =
-5e-4 of the largest logit. Any modelling mistake (a gate, a norm offset, a head layout, a state kept one row too
-long) moves logits by 1e-2 or more. Batch invariance and rollback are checked bitwise: with the batch-invariant
+chunked prefill vs its token-by-token decode on the same sequence) already disagree by ~8e-5. fp32 itself is the
+floor on the 150-row request: on an AMD EPYC, transformers in fp32 is 1.1e-3 off the same model in float64 on
+qwen3_next, and ours 5.2e-4 (chunked) or 5.6e-4 (token by token), so TOL_MODEL = 2e-3 of the largest logit
+(5e-4 held on other CPUs by luck). Any modelling mistake (a gate, a norm offset, a head layout, a state kept one
+row too long) moves logits by 1e-2 or more. Batch invariance and rollback are checked bitwise: with the batch-invariant
 kernels on, they hold exactly by construction.
 """
 import pytest
@@ -19,7 +21,7 @@ from dflash_trt.models import qwen3_5 as hyb
 from dflash_trt.models.gated_deltanet import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
 TOL_LAYER = 5e-5
-TOL_MODEL = 5e-4
+TOL_MODEL = 2e-3
 VOCAB = 256
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next"]
 BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
