@@ -20,7 +20,7 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/work/ab}
 STEPS=${STEPS:-400}
 WINNER_STEPS=${WINNER_STEPS:-800}
-CODE_STEPS=${CODE_STEPS:-600}
+CODE_STEPS=${CODE_STEPS:-350}
 AUTOCAST=${AUTOCAST:-float32}
 SHIP=${SHIP:-$HERE/runtime/assets/smollm2-dflash}
 ALL=$OUT/data_all.jsonl   # every committed record
@@ -62,7 +62,7 @@ if [ ! -f "$CODE" ]; then
   cp "$ALL.meta.json" "$CODE.meta.json"
   mv "$CODE.tmp" "$CODE"
 fi
-train code    "$CODE" "$CODE_STEPS" --block-size 8 --lr 2e-4 --eval-every 200 --loss-weights dpace
+train code    "$CODE" "$CODE_STEPS" --block-size 8 --lr 2e-4 --eval-every 350 --loss-weights dpace
 [ "${REPORT:-1}" = 1 ] || exit 0
 # every drafter drafts from the same rows: the shipped vocabulary and the tokens of the new data
 python - "$SHIP" "${RUNS[@]}" <<'PY'
