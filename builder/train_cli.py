@@ -405,10 +405,11 @@ def _train(args, group) -> int:
         check_block_size(args, tcfg)
     data = args.data or os.path.join(out, "data.jsonl")
     records = user = None
+    making = bool(args.make_data or args.code_stubs)  # the target answers our own prompts into DATA
     if args.regenerate:  # the user's prompts, checked now; the target's answers go to OUTPUT/data.jsonl
         user = load_data(args.data, tcfg.vocab_size, target_dir, regenerate=True)
         data = os.path.join(out, "data.jsonl")
-    elif not (args.make_data or args.code_stubs):  # user data: every fault found before OUTPUT is touched
+    elif not making:  # user data: every fault found before OUTPUT is touched
         records = load_data(data, tcfg.vocab_size, target_dir)
     rule = split_rule(out, args.split, args.resume)
     sync()  # every rank has looked at OUTPUT before rank 0 writes to it
@@ -419,7 +420,7 @@ def _train(args, group) -> int:
     try:
         if rank0:
             os.makedirs(out, exist_ok=True)
-            if args.make_data or args.code_stubs:
+            if making:
                 from .training.datagen import generate_data
                 generate_data(target_dir, data, args.make_data, magpie=args.magpie,
                               magpie_domains=args.magpie_domains, code_stubs=args.code_stubs, log=log)

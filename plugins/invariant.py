@@ -110,6 +110,12 @@ class PackedLinear:
         return self.data.numel() * self.data.element_size() + extra
 
 
+def _whole_panels(w: torch.Tensor) -> torch.Tensor:
+    """w [N, ...] with zero rows appended up to a whole number of PANEL-column panels."""
+    pad = -w.shape[0] % PANEL
+    return torch.cat([w, w.new_zeros(pad, *w.shape[1:])]) if pad else w
+
+
 def pack_linear_fp8(weight: torch.Tensor, scale: torch.Tensor) -> PackedLinear:
     """Keep a float8_e4m3fn weight [N, K] quantized: 1 byte per weight, and y bitwise equal to the fp32 kernel
     on the dequantised weight (weight.float() * scale, scale a scalar or one per output row)."""
@@ -119,10 +125,7 @@ def pack_linear_fp8(weight: torch.Tensor, scale: torch.Tensor) -> PackedLinear:
     s = scale.detach().float().cpu().flatten()
     assert s.numel() in (1, n), "scale: a scalar or one per output row"
     s = (s.expand(n) if s.numel() == 1 else s) * 256.0
-    w = weight.detach().cpu().view(torch.uint8)
-    if p * PANEL != n:
-        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
-        s = torch.cat([s, s.new_zeros(p * PANEL - n)])
+    w, s = _whole_panels(weight.detach().cpu().view(torch.uint8)), _whole_panels(s)
     return PackedLinear(w.view(p, PANEL, k).permute(0, 2, 1).contiguous(), n, k, s.contiguous())
 
 
@@ -144,15 +147,10 @@ def _int8_padded(weight: torch.Tensor, scale: torch.Tensor | None) -> tuple[torc
         assert scale is None, "a float weight is quantised here: pass no scale"
         weight, scale = quantize_int8(weight)
     assert weight.dim() == 2 and scale is not None, "int8 codes [N, K] need their scale"
-    n, k = weight.shape
-    p = (n + PANEL - 1) // PANEL
+    n = weight.shape[0]
     s = scale.detach().float().cpu().flatten()
     assert s.numel() == n, "scale: one per output row"
-    w = weight.detach().cpu()
-    if p * PANEL != n:
-        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
-        s = torch.cat([s, s.new_zeros(p * PANEL - n)])
-    return w, s.contiguous(), n
+    return _whole_panels(weight.detach().cpu()), _whole_panels(s).contiguous(), n
 
 
 def pack_linear_int8(weight: torch.Tensor, scale: torch.Tensor | None = None) -> PackedLinear:
@@ -185,10 +183,7 @@ def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Packe
     assert dtype in (torch.float32, torch.bfloat16), dtype
     n, k = weight.shape
     p = (n + PANEL - 1) // PANEL
-    w = weight.detach().to(device="cpu", dtype=dtype)
-    if p * PANEL != n:
-        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
-    w = w.view(p, PANEL, k)
+    w = _whole_panels(weight.detach().to(device="cpu", dtype=dtype)).view(p, PANEL, k)
     if dtype == torch.bfloat16:
         w = w[:, _BF16_ORDER, :]
     data = w.permute(0, 2, 1).contiguous()
@@ -204,9 +199,7 @@ def pack_linear_bf16_pairs(weight: torch.Tensor) -> PackedLinear:
     assert weight.dim() == 2 and weight.shape[1] % 2 == 0, f"bf16 pair panels need an even K, got {weight.shape}"
     n, k = weight.shape
     p = (n + PANEL - 1) // PANEL
-    w = weight.detach().to(device="cpu", dtype=torch.bfloat16)
-    if p * PANEL != n:
-        w = torch.cat([w, w.new_zeros(p * PANEL - n, k)])
+    w = _whole_panels(weight.detach().to(device="cpu", dtype=torch.bfloat16))
     pairs = w.view(p, PANEL, k // 2, 2).permute(0, 2, 1, 3).contiguous()  # [P, K/2, 32, 2]
     return PackedLinear(pairs.view(torch.int16).view(p, k, PANEL), n, k)
 

@@ -83,7 +83,7 @@ def test_estimate_is_the_geometric_mle_and_follows_the_text():
     assert f.p < 0.05
 
 
-# bf16, one thread, measured at engine start (benchmarks/batching.py, session 11)
+# the step costs a bf16 engine measured at its start on a 2-core CPU, one thread
 BF16_1T = StepCosts(row=0.135, draft=0.207, draft_row=0.222, curve=((1, 1.14), (4, 1.45), (16, 3.17), (32, 5.52)),
                     draft_curve=((1, 0.43), (4, 0.94), (16, 3.77)))
 

@@ -6,9 +6,9 @@ of its largest output (summation orders only: our recurrent kernel is sequential
 a triangular system per 64-token chunk), so TOL_LAYER = 5e-5. Whole models drift further: these random tiny
 hybrids amplify a 3e-6 difference at layer 0 to ~1e-4 in the logits, and transformers' OWN two kernels (its
 chunked prefill vs its token-by-token decode on the same sequence) already disagree by ~8e-5. fp32 itself is the
-floor on the 150-row request: on an AMD EPYC, transformers in fp32 is 1.1e-3 off the same model in float64 on
+floor on the 150-row request: transformers in fp32 was measured 1.1e-3 off the same model in float64 on
 qwen3_next, and ours 5.2e-4 (chunked) or 5.6e-4 (token by token), so TOL_MODEL = 2e-3 of the largest logit
-(5e-4 held on other CPUs by luck). Any modelling mistake (a gate, a norm offset, a head layout, a state kept one
+(5e-4 holds on some CPUs, not on all). Any modelling mistake (a gate, a norm offset, a head layout, a state kept one
 row too long) moves logits by 1e-2 or more. Batch invariance and rollback are checked bitwise: with the batch-invariant
 kernels on, they hold exactly by construction.
 """

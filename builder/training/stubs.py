@@ -21,7 +21,7 @@ from .prompts import STUB_TEMPLATES
 
 CODE_STUB_ID_BASE = 3_000_000  # record ids of these prompts
 SKIP = ("test", "idlelib", "tkinter", "turtle", "turtledemo", "antigravity", "this", "lib2to3", "ensurepip",
-        "pydoc_data", "xxsubtype", "msvcrt", "winreg", "winsound", "_", "__")
+        "pydoc_data", "xxsubtype", "msvcrt", "winreg", "winsound", "_")
 PACKAGES = ("sympy", "networkx")  # pure Python, doctest examples in most docstrings
 MAX_DOC = 700  # characters of docstring: HumanEval's are a description and a few examples
 

@@ -1174,6 +1174,23 @@ BI_INLINE uint32_t x_pair(const uint16_t* xh, int64_t i) {
   return u;
 }
 
+#ifndef BI_PF_PAIRS
+#define BI_PF_PAIRS 8  // k-pairs of a BF16P panel (128 B each) fetched ahead
+#endif
+#ifndef BI_PF_MIN_ROWS
+// BF16P tiles prefetch their weights only from this many rows up. A tile of few rows is a pure stream that the
+// hardware prefetchers can serve best (explicit prefetches of several panel streams can cost a core a good part
+// of its read bandwidth); with many rows the dot products keep the core busy and the prefetches pay.
+#define BI_PF_MIN_ROWS 4
+#endif
+// the BF16P panel's k-pair q + BI_PF_PAIRS, for tiles of MR rows (both halves of its 32 columns)
+template <int MR>
+BI_INLINE void prefetch_pairs(const uint32_t* wp, int64_t q) {
+  if (MR < BI_PF_MIN_ROWS) return;
+  _mm_prefetch((const char*)(wp + (q + BI_PF_PAIRS) * 32), _MM_HINT_T0);
+  _mm_prefetch((const char*)(wp + (q + BI_PF_PAIRS) * 32 + 16), _MM_HINT_T0);
+}
+
 template <int MR, int NP, int WK>
 static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_t panel_stride, int64_t len,
                        float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
@@ -1220,8 +1237,7 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
       for (int j = 0; j < NP; ++j) {
         vload_bfpair(wp[j] + q * 32, bo[j][0], be[j][0]);
         vload_bfpair(wp[j] + q * 32 + 16, bo[j][1], be[j][1]);
-        _mm_prefetch((const char*)(wp[j] + (q + 8) * 32), _MM_HINT_T0);
-        _mm_prefetch((const char*)(wp[j] + (q + 8) * 32 + 16), _MM_HINT_T0);
+        prefetch_pairs<MR>(wp[j], q);
       }
       for (int m = 0; m < MR; ++m) {
         const uint32_t u = x_pair(xh, q * MR + m);
@@ -1275,16 +1291,6 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
 typedef void (*LinKernelFn)(const LinParams&, const void*, const void*, int64_t, int64_t, float*, int64_t, bool,
                             int64_t, int64_t);
 
-#ifndef BI_PF_PAIRS
-#define BI_PF_PAIRS 8  // k-pairs of a BF16P panel (128 B each) fetched ahead
-#endif
-#ifndef BI_PF_MIN_ROWS
-// BF16P tiles prefetch their weights only from this many rows up. A tile of few rows is a pure stream that the
-// hardware prefetchers serve best (on the AMD EPYC of session 11, explicit prefetches of four panel streams cost
-// ~15-20% of a core's read bandwidth, and one-row linears ran ~18% faster without them); with many rows the dot
-// products keep the core busy and the prefetches pay.
-#define BI_PF_MIN_ROWS 4
-#endif
 #if BI_KERNEL_PASS == 1
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
@@ -1306,10 +1312,7 @@ static void lin_kernel_dp(const LinParams& p, const void* xv, const void* w, int
     for (int j = 0; j < NP; ++j) {
       b[j][0] = (__m512bh)_mm512_loadu_si512((const void*)(wp[j] + q * 32));
       b[j][1] = (__m512bh)_mm512_loadu_si512((const void*)(wp[j] + q * 32 + 16));
-      if (MR >= BI_PF_MIN_ROWS) {
-        _mm_prefetch((const char*)(wp[j] + (q + BI_PF_PAIRS) * 32), _MM_HINT_T0);
-        _mm_prefetch((const char*)(wp[j] + (q + BI_PF_PAIRS) * 32 + 16), _MM_HINT_T0);
-      }
+      prefetch_pairs<MR>(wp[j], q);
     }
     for (int m = 0; m < MR; ++m) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32((int)x_pair(xh, q * MR + m));

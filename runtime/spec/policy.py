@@ -107,19 +107,22 @@ HOPEFUL_P = 0.9
 MARGIN = 0.05
 
 
+def draft_rate(p: float, k: int, batch: int, costs: StepCosts) -> float:
+    """Committed tokens per request per unit time when `batch` requests each draft K (> 0) at acceptance p."""
+    return expected_tokens(p, k) / (costs.target(batch * (k + 1)) + costs.drafter(batch))
+
+
 def pays(p: float, k: int, batch: int, costs: StepCosts, margin: float = 0.0) -> bool:
     """Whether drafting K for each of `batch` requests beats autoregressive decoding by `margin` at acceptance p."""
-    return expected_tokens(p, k) / (costs.target(batch * (k + 1)) + costs.drafter(batch)) > \
-        (1.0 + margin) / costs.target(batch) * (1.0 + 1e-9)
+    return draft_rate(p, k, batch, costs) > (1.0 + margin) / costs.target(batch) * (1.0 + 1e-9)
 
 
 def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts, margin: float = 0.0) -> int:
     """The K in 0..k_max with the most tokens per unit time when `batch` requests decode together (K > 0 only
     when it beats autoregressive decoding by `margin`)."""
     best_k, best = 0, (1.0 + margin) / costs.target(batch)  # autoregressive: 1 token per request per step
-    drafting = costs.drafter(batch)
     for k in range(1, k_max + 1):
-        rate = expected_tokens(p, k) / (costs.target(batch * (k + 1)) + drafting)
+        rate = draft_rate(p, k, batch, costs)
         if rate > best * (1.0 + 1e-9):
             best_k, best = k, rate
     return best_k
@@ -205,8 +208,7 @@ class DraftLengthPolicy:
         k = best_draft_len(est.p, k_cap, batch, self.costs, MARGIN)
         # A request that gave up drafting resumes only when the K pays at the estimate's lower bound too. Else
         # one landed probe lifts p over a thin gain (a batch whose verify rows cost), drafting resumes, the text
-        # goes on as before and the steps cost more than they commit, until p falls again (-6% at 4 requests,
-        # bf16, 1 thread, benchmarks/batching.py, before this check).
+        # goes on as before and the steps cost more than they commit, until p falls again.
         if k > 0 and est.idle > 0 and not pays(est.p_low, k, batch, self.costs, MARGIN):
             k = 0
         if k > 0:
