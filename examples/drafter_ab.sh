@@ -6,6 +6,7 @@
 #     after another: control (exp weights, gamma 4, cosine), dpace, block5, gamma2, wsd, lr6e-4;
 #   - winner: D-PACE position weights, cosine, lr 2e-4, WINNER_STEPS steps on every record;
 #   - code: the same recipe for CODE_STEPS steps on every record plus the code-stub answers (session 11);
+#   - more: the same recipe for MORE_STEPS steps on every committed record, from the shipped drafter (session 12);
 #   - the report (REPORT=1): decode tau per domain on the held-out tasks, and on HumanEval / MT-Bench, of the
 #     shipped drafter, every arm and the winner.
 # Resumable: a run resumes from its checkpoint and a finished one is skipped; all share one feature cache
@@ -27,8 +28,8 @@ ALL=$OUT/data_all.jsonl   # every committed record
 AB=$OUT/data1082.jsonl    # the first 1,082: the arms' data
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 mkdir -p "$OUT/features"
-if [ ! -f "$ALL" ]; then
-  xz -dc "$HERE/builder/data/sd_domains_seed1.jsonl.xz" > "$ALL.tmp"
+if [ ! -f "$ALL" ]; then  # the 2,082 records of session 10 (the file grew after)
+  xz -dc "$HERE/builder/data/sd_domains_seed1.jsonl.xz" | sed -n "1,2082p" > "$ALL.tmp"
   cp "$HERE/builder/data/sd_domains_seed1.meta.json" "$ALL.meta.json"
   mv "$ALL.tmp" "$ALL"
 fi
@@ -58,11 +59,21 @@ train winner  "$ALL" "$WINNER_STEPS" --block-size 8 --lr 2e-4 --eval-every 300 -
 # HumanEval-shaped function stubs (builder/data/code_stubs_seed1.jsonl.xz, `dflash-train --code-stubs N`)
 CODE=$OUT/data_code.jsonl
 if [ ! -f "$CODE" ]; then
-  { cat "$ALL"; xz -dc "$HERE/builder/data/code_stubs_seed1.jsonl.xz"; } > "$CODE.tmp"
+  { cat "$ALL"; xz -dc "$HERE/builder/data/code_stubs_seed1.jsonl.xz" | sed -n "1,614p"; } > "$CODE.tmp"
   cp "$ALL.meta.json" "$CODE.meta.json"
   mv "$CODE.tmp" "$CODE"
 fi
 train code    "$CODE" "$CODE_STEPS" --block-size 8 --lr 2e-4 --eval-every 350 --loss-weights dpace
+# session 12: the shipped drafter (code) continued the same way on every committed record: 2,682 domain answers
+# and 1,014 stub answers (600 and 400 more than before)
+MORE=$OUT/data_more.jsonl
+if [ ! -f "$MORE" ]; then
+  { xz -dc "$HERE/builder/data/sd_domains_seed1.jsonl.xz"; xz -dc "$HERE/builder/data/code_stubs_seed1.jsonl.xz"; } \
+    > "$MORE.tmp"
+  cp "$ALL.meta.json" "$MORE.meta.json"
+  mv "$MORE.tmp" "$MORE"
+fi
+train more    "$MORE" "${MORE_STEPS:-350}" --block-size 8 --lr 2e-4 --eval-every 350 --loss-weights dpace
 [ "${REPORT:-1}" = 1 ] || exit 0
 # every drafter drafts from the same rows: the shipped vocabulary and the tokens of the new data
 python - "$SHIP" "${RUNS[@]}" <<'PY'
