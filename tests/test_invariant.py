@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("invariant_kernels")
 
 def _isas() -> list[str]:
     out = []
-    for name in ("avx512", "avx2", "scalar"):
+    for name in ("amx", "avx512", "avx2", "scalar"):
         if bi.set_isa(name) == name:  # a path this CPU lacks leaves another active
             out.append(name)
     bi.set_isa("auto")

@@ -1,5 +1,5 @@
 """W8A8 linears (int8 weights in k-quads, activations quantised per row and K chunk inside the kernel): every
-SIMD path (AVX-512 VNNI, AVX2 pmaddwd, scalar) gives exactly the integer reference below, so the paths agree
+SIMD path (AMX-INT8 tiles, AVX-512 VNNI, AVX2 pmaddwd, scalar) gives exactly the integer reference below, so the paths agree
 bitwise. Batch and thread invariance and the engine option (weights="w8a8") are checked with the int8 ones in
 test_int8_cpu.py."""
 import pytest
@@ -37,7 +37,7 @@ def _reference(x, w, bias=None, k_splits=1, chunks=None):
     return parts[0] if bias is None else parts[0] + bias
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("isa", ["amx", "avx512", "avx2", "scalar"])
 def test_w8a8_is_the_integer_reference_on_every_isa(isa):
     if bi.set_isa(isa) != isa:
         pytest.skip(f"{isa} not available on this CPU")

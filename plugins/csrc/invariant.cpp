@@ -15,7 +15,8 @@
 //             for every number above 2^-126).
 //   W8A8      (int32 weight panels of int8 k-quads) x is quantised per row and chunk in shared code:
 //             a = max|x| over the chunk, xq = clamp(rint(x * (127/a)), +-127), sx = a / 127; the chunk's
-//             integer dot product sum_k xq*w is exact whatever the instruction (VNNI, pmaddwd, scalar), then
+//             integer dot product sum_k xq*w is exact whatever the instruction (AMX tdpbusd, VNNI, pmaddwd,
+//             scalar), then
 //             partial_c = (float(isum) * sx) * w_scale[n], and the tree and bias as above.
 //   rms_norm  ss = hsum16(lane l: fma-chain over h = l, l+16, ...(x_h*x_h)); r = 1/sqrtf(ss/H + eps);
 //             y = w * to_xdtype(x * r)   (HF casting; bf16 rounding is round-to-nearest-even)
@@ -28,7 +29,8 @@
 //
 // The kernel body (below the #else) is compiled three times through a self-include: AVX-512, AVX2+FMA and
 // portable scalar. They implement the same 16-lane algorithm op for op, so their results are bitwise equal;
-// the best one the CPU supports is chosen at load time (DFLASH_BI_ISA=avx512|avx2|scalar overrides).
+// the best one the CPU supports is chosen at load time (DFLASH_BI_ISA=amx|avx512|avx2|scalar overrides).
+// "amx" is the AVX-512 pass with W8A8 sums on AMX-INT8 tiles, exact like every other path.
 //
 // OpenMP splits work over output tiles (linear: panels of 32 columns and row ranges; norm/silu: rows;
 // attention: (sequence, head, block of <= 16 query rows) items); a reduction is never split across threads,
@@ -41,6 +43,9 @@
 #include <torch/library.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -132,6 +137,7 @@ struct Kernels {
 // the AVX2 W8A8 tile, for AVX-512 CPUs without VNNI
 typedef void (*LinTileFn)(const LinParams&, int64_t, int64_t, int64_t, int64_t);
 extern LinTileFn g_linq_avx2;
+extern bool g_amx;  // the "amx" path is active: W8A8 integer sums on AMX-INT8 tiles
 
 }  // namespace bi
 
@@ -168,13 +174,37 @@ namespace bi_scalar {
 namespace bi {
 
 LinTileFn g_linq_avx2 = &bi_avx2::linear_tile_q;
+bool g_amx = false;
 static const Kernels* g_kernels = nullptr;
 
+// AMX-TILE and AMX-INT8 in CPUID, and the kernel's permission to use tile data (Linux: asked once per process)
+static bool amx_int8_ready() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;
+    if (!__builtin_cpu_supports("avx512vnni")) return false;
+    const long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return ok;
+}
+
 static const Kernels* pick_kernels(const std::string& want) {
+  static const Kernels amx_table = [] {
+    Kernels t = bi_avx512::kTable;
+    t.name = "amx";
+    return t;
+  }();
   __builtin_cpu_init();
   bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  g_amx = false;
+  if (want == "amx") {
+    TORCH_CHECK(has512 && amx_int8_ready(), "bi: this CPU lacks AMX-INT8 (or the kernel refused tile data)");
+    g_amx = true;
+    return &amx_table;
+  }
   if (want == "avx512") {
     TORCH_CHECK(has512, "bi: this CPU lacks AVX-512 (F/BW/VL/DQ)");
     return &bi_avx512::kTable;
@@ -184,7 +214,11 @@ static const Kernels* pick_kernels(const std::string& want) {
     return &bi_avx2::kTable;
   }
   if (want == "scalar") return &bi_scalar::kTable;
-  TORCH_CHECK(want.empty() || want == "auto", "bi: unknown ISA '", want, "' (avx512|avx2|scalar|auto)");
+  TORCH_CHECK(want.empty() || want == "auto", "bi: unknown ISA '", want, "' (amx|avx512|avx2|scalar|auto)");
+  if (has512 && amx_int8_ready()) {
+    g_amx = true;
+    return &amx_table;
+  }
   if (has512) return &bi_avx512::kTable;
   if (has2) return &bi_avx2::kTable;
   return &bi_scalar::kTable;
@@ -1047,6 +1081,62 @@ static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_
                             _mm512_sub_epi32(acc[m][j][h], _mm512_slli_epi32(ws[j][h], 7)));
 }
 #pragma GCC pop_options
+
+// AMX-INT8: the same exact sums for up to 16 rows and one panel, 16 quads (64 k) per tdpbusd; a one-row tile
+// of ones gives sum_k w for the +128 of the codes. Tiles: 0/1 the sums of columns 0-15/16-31, 2 x, 3/4 the
+// weight halves (panel rows are 128 B apart), 5/6 the weight sums, 7 the ones.
+struct alignas(64) AmxConfig {
+  uint8_t palette, start;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8")
+static void amx_configure(int mr) {
+  AmxConfig c{};
+  c.palette = 1;
+  const int rows[8] = {mr, mr, mr, 16, 16, 1, 1, 1};
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = (uint8_t)rows[t];
+    c.colsb[t] = 64;
+  }
+  // the whole 64-byte struct as the operand: GCC 12's _tile_loadconfig names only its first 8 bytes, so the
+  // compiler may drop the stores of the rest
+  __asm__ volatile("ldtilecfg %0" : : "m"(c));
+}
+// out[m * 32 + col] = sum over nq quads (a multiple of 16) of (xq - 128) * w, for the rows amx_configure set
+static void linq_amx(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t nq, int32_t* out,
+                     int32_t* wsum) {
+  static const struct Ones {
+    alignas(64) uint8_t b[64];
+    Ones() { std::memset(b, 1, sizeof b); }
+  } ones;
+  __asm__ volatile("" : : : "memory");  // and the tiles load what the caller has written
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_loadd(7, ones.b, 64);
+  for (int64_t q = 0; q < nq; q += 16) {
+    // tile loads do not start the hardware prefetcher's streams as vector loads do: ask for the next step's
+    // weights (16 quad rows of 128 B; past the chunk's end that is the next panel's start)
+    for (int l = 0; l < 32; ++l) _mm_prefetch((const char*)(w + (q + 16) * 32 + 16 * l), _MM_HINT_T0);
+    _tile_loadd(2, xq + 4 * q, ldq);
+    _tile_loadd(3, w + q * 32, 128);
+    _tile_loadd(4, w + q * 32 + 16, 128);
+    _tile_dpbusd(0, 2, 3);
+    _tile_dpbusd(1, 2, 4);
+    _tile_dpbusd(5, 7, 3);
+    _tile_dpbusd(6, 7, 4);
+  }
+  _tile_stored(0, out, 128);
+  _tile_stored(1, out + 16, 128);
+  _tile_stored(5, wsum, 128);
+  _tile_stored(6, wsum + 16, 128);
+  __asm__ volatile("" : : : "memory");  // GCC's tile intrinsics name no memory: the stores above must be seen
+}
+#pragma GCC pop_options
 #elif BI_KERNEL_PASS == 2
 enum { MRQ = 2, NPQ = 1 };
 BI_INLINE V16 vcvt_i32(const int32_t* p) {
@@ -1507,10 +1597,34 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   for (int64_t r = m0; r < m1; r += MRQ) {
     const int mr = (int)std::min<int64_t>(MRQ, m1 - r);
     const LinqFn fk = linq_pick<NPQ>(mr);
+#if BI_KERNEL_PASS == 1
+    // quads on tiles, the rest on VNNI; tiles pay from 8 rows (a verify block) on, below VNNI is as fast
+    const int64_t nq_amx = bi::g_amx && mr >= 8 ? nq / 16 * 16 : 0;
+#else
+    const int64_t nq_amx = 0;
+#endif
+#if BI_KERNEL_PASS == 1
+    if (nq_amx) amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
+#endif
     for (int64_t g = pn0; g < pn1; ++g) {  // one panel per call (NPQ == 1)
-      for (int c = 0; c < nch; ++c)
-        fk(p.xq + r * p.ldq + c * cl, p.ldq, w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32, pstride, nq,
-           ib.data() + c * cs);
+      for (int c = 0; c < nch; ++c) {
+        const uint8_t* xc = p.xq + r * p.ldq + c * cl;
+        const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
+        int32_t* oc = ib.data() + c * cs;
+        if (nq_amx == 0) {
+          fk(xc, p.ldq, wc, pstride, nq, oc);
+          continue;
+        }
+#if BI_KERNEL_PASS == 1
+        alignas(64) int32_t wsum[32], rest[MRQ * 32];
+        linq_amx(xc, p.ldq, wc, nq_amx, oc, wsum);
+        if (nq > nq_amx) fk(xc + 4 * nq_amx, p.ldq, wc + nq_amx * 32, pstride, nq - nq_amx, rest);
+        for (int m = 0; m < mr; ++m)
+          for (int j = 0; j < 32; ++j)  // exact: the true sum fits int32, so wrap-around cancels
+            oc[m * 32 + j] = (int32_t)((uint32_t)oc[m * 32 + j] - ((uint32_t)wsum[j] << 7) +
+                                       (nq > nq_amx ? (uint32_t)rest[m * 32 + j] : 0u));
+#endif
+      }
       for (int h = 0; h < 2; ++h) {
         const int64_t col = g * 32 + 16 * h;
         const int64_t rem = p.N - col;
