@@ -99,14 +99,14 @@ def pack(weight: torch.Tensor):
     """Panels for the invariant linear. A float32 weight whose values are all bfloat16 numbers (a bf16
     checkpoint run in fp32) is packed as bf16: the kernel widens bf16 exactly, so the results are bitwise the
     same while a memory-bound decode step streams half the bytes. A bfloat16 weight (a model run in bf16, whose
-    activations are bf16) gets k-pair panels: bf16 x bf16 products, twice the multiply-adds per instruction
-    where the CPU has AVX512-BF16, which keeps verification rows cheap."""
+    activations are bf16) gets k-pair panels (bf16 x bf16 products) where vdpbf16ps does twice the
+    multiply-adds of an fp32 FMA, which keeps verification rows cheap; elsewhere widened bf16 panels."""
     if _bi is None or weight.device.type != "cpu":
         return None
     w = weight.detach()
-    if w.dtype == torch.bfloat16 and w.shape[1] % 16 == 0:  # even chunks under every k_splits
+    if w.dtype == torch.bfloat16 and w.shape[1] % 16 == 0 and _bi.bf16_pairs_pay():  # even chunks, any k_splits
         return _bi.pack_linear_bf16_pairs(w)
-    if w.dtype == torch.float32 and torch.equal(w.to(torch.bfloat16).float(), w):
+    if w.dtype == torch.bfloat16 or torch.equal(w.to(torch.bfloat16).float(), w):
         return _bi.pack_linear(w, torch.bfloat16)
     return _bi.pack_linear(w)
 

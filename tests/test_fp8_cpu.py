@@ -95,6 +95,16 @@ def test_bf16_valued_fp32_weights_are_packed_as_bf16_with_the_same_bits():
     assert ops.pack(w).dtype == torch.float32
 
 
+def test_bf16_weights_get_k_pair_panels_only_where_vdpbf16ps_pays():
+    from dflash_trt import ops
+    assert ops.enable_invariant()
+    w = torch.randn(70, 96, generator=torch.Generator().manual_seed(3)).bfloat16()  # a model run in bf16
+    p = ops.pack(w)
+    assert p.data.dtype == (torch.int16 if bi.bf16_pairs_pay() else torch.bfloat16)
+    x = torch.randn(5, 96).bfloat16()
+    torch.testing.assert_close(bi.linear(x, p).float(), x.float() @ w.float().T, rtol=2e-2, atol=2e-2)
+
+
 def test_native_fp8_gemm_quantises_activations_per_row_or_statically():
     from dflash_trt import ops
     g = torch.Generator().manual_seed(2)
