@@ -16,9 +16,10 @@ every output element with one fixed sequence of fp32 operations that depends onl
 * paged_attention: per (query row, head): 16-lane dot products over D with a fixed horizontal tree, max,
   exp, lane-strided sum with a fixed tree, then sum_j p_j v_j over keys in order, divided by the sum.
 
-The AVX-512, AVX2 and portable paths are bitwise equal (tests check it); the best one runs
-(`DFLASH_BI_ISA=avx512|avx2|scalar` or `set_isa` overrides). Threads (torch.set_num_threads) split output
-tiles only, so the thread count never changes a result.
+The AMX, AVX-512, AVX2 and portable paths are bitwise equal (tests check it); the best one runs
+(`DFLASH_BI_ISA=amx|avx512|avx2|scalar` or `set_isa` overrides; amx is AVX-512 with the W8A8 integer sums
+of 8 or more rows on AMX-INT8 tiles). Threads (torch.set_num_threads) split output tiles only, so the thread
+count never changes a result.
 """
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def _register_fakes() -> None:
 
 
 def set_isa(name: str = "") -> str:
-    """Force a code path ('avx512', 'avx2', 'scalar', 'auto'); '' only reports the active one. A path this CPU
-    lacks leaves the active one in place: the returned name says which runs."""
+    """Force a code path ('amx', 'avx512', 'avx2', 'scalar', 'auto'); '' only reports the active one. A path
+    this CPU lacks leaves the active one in place: the returned name says which runs."""
     try:
         return _ops().bi_set_isa(name)
     except RuntimeError as e:
