@@ -1,7 +1,7 @@
 """W8A8 linears (int8 weights in k-quads, activations quantised per row and K chunk inside the kernel): every
-SIMD path (AMX-INT8 tiles, AVX-512 VNNI, AVX2 pmaddwd, scalar) gives exactly the integer reference below, so the paths agree
-bitwise. Batch and thread invariance and the engine option (weights="w8a8") are checked with the int8 ones in
-test_int8_cpu.py."""
+SIMD path (AMX-INT8 tiles, AVX-512 VNNI, AVX2 pmaddwd, scalar) gives exactly the integer reference below, so
+the paths agree bitwise. Batch and thread invariance and the engine option (weights="w8a8") are checked with
+the int8 ones in test_int8_cpu.py."""
 import pytest
 import torch
 

@@ -137,7 +137,7 @@ struct Kernels {
 // the AVX2 W8A8 tile, for AVX-512 CPUs without VNNI
 typedef void (*LinTileFn)(const LinParams&, int64_t, int64_t, int64_t, int64_t);
 extern LinTileFn g_linq_avx2;
-extern bool g_amx;  // the "amx" path is active: W8A8 integer sums on AMX-INT8 tiles
+bool amx_active();  // the "amx" path runs: W8A8 integer sums on AMX-INT8 tiles
 
 }  // namespace bi
 
@@ -174,8 +174,13 @@ namespace bi_scalar {
 namespace bi {
 
 LinTileFn g_linq_avx2 = &bi_avx2::linear_tile_q;
-bool g_amx = false;
 static const Kernels* g_kernels = nullptr;
+static const Kernels kAmxTable = [] {
+  Kernels t = bi_avx512::kTable;
+  t.name = "amx";
+  return t;
+}();
+bool amx_active() { return g_kernels == &kAmxTable; }
 
 // AMX-TILE and AMX-INT8 in CPUID, and the kernel's permission to use tile data (Linux: asked once per process)
 static bool amx_int8_ready() {
@@ -190,20 +195,13 @@ static bool amx_int8_ready() {
 }
 
 static const Kernels* pick_kernels(const std::string& want) {
-  static const Kernels amx_table = [] {
-    Kernels t = bi_avx512::kTable;
-    t.name = "amx";
-    return t;
-  }();
   __builtin_cpu_init();
   bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  g_amx = false;
   if (want == "amx") {
     TORCH_CHECK(has512 && amx_int8_ready(), "bi: this CPU lacks AMX-INT8 (or the kernel refused tile data)");
-    g_amx = true;
-    return &amx_table;
+    return &kAmxTable;
   }
   if (want == "avx512") {
     TORCH_CHECK(has512, "bi: this CPU lacks AVX-512 (F/BW/VL/DQ)");
@@ -215,10 +213,7 @@ static const Kernels* pick_kernels(const std::string& want) {
   }
   if (want == "scalar") return &bi_scalar::kTable;
   TORCH_CHECK(want.empty() || want == "auto", "bi: unknown ISA '", want, "' (amx|avx512|avx2|scalar|auto)");
-  if (has512 && amx_int8_ready()) {
-    g_amx = true;
-    return &amx_table;
-  }
+  if (has512 && amx_int8_ready()) return &kAmxTable;
   if (has512) return &bi_avx512::kTable;
   if (has2) return &bi_avx2::kTable;
   return &bi_scalar::kTable;
@@ -1040,6 +1035,7 @@ BI_INLINE V16 vexp(V16 x) {
 // linq_kernel: the exact int32 sums of one chunk, out[(m * NP + j) * 32 + col] = sum_k (xq[m][k] - 128) * w[k]
 // for MR rows and NP panels; xq: row 0 at the chunk's first column (rows ldq apart); w: panel 0 at the chunk's
 // first quad (panels pstride int32 apart). Integer sums are exact, so how they are formed never shows.
+typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*);
 #if BI_KERNEL_PASS == 1
 enum { MRQ = 12, NPQ = 1 };
 #ifndef BI_PF_QUADS
@@ -1137,6 +1133,18 @@ static void linq_amx(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t n
   __asm__ volatile("" : : : "memory");  // GCC's tile intrinsics name no memory: the stores above must be seen
 }
 #pragma GCC pop_options
+// one chunk's sums for mr rows: the whole 16-quad steps on tiles, the quads after them on VNNI (fk)
+static void linq_tiles(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq, int mr,
+                       LinqFn fk, int32_t* out) {
+  const int64_t nt = nq / 16 * 16;
+  alignas(64) int32_t wsum[32], rest[MRQ * 32];
+  linq_amx(xq, ldq, w, nt, out, wsum);
+  if (nq > nt) fk(xq + 4 * nt, ldq, w + nt * 32, pstride, nq - nt, rest);
+  for (int m = 0; m < mr; ++m)
+    for (int j = 0; j < 32; ++j)  // exact: the true sum fits int32, so wrap-around cancels
+      out[m * 32 + j] = (int32_t)((uint32_t)out[m * 32 + j] - ((uint32_t)wsum[j] << 7) +
+                                  (nq > nt ? (uint32_t)rest[m * 32 + j] : 0u));
+}
 #elif BI_KERNEL_PASS == 2
 enum { MRQ = 2, NPQ = 1 };
 BI_INLINE V16 vcvt_i32(const int32_t* p) {
@@ -1569,7 +1577,6 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
 
 // W8A8: tiles of <= MRQ rows x NPQ panels; per chunk the exact integer sums, then per output element
 // (float(isum) * sx[row][chunk]) * w_scale, the tree over chunks and the bias. Any tiling gives the same sums.
-typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*);
 template <int NP>
 static LinqFn linq_pick(int mr) {
   switch (mr) {
@@ -1586,6 +1593,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
 #if BI_KERNEL_PASS == 1
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
   if (!vnni) return bi::g_linq_avx2(p, m0, m1, pn0, pn1);
+  const bool amx = bi::amx_active();
 #endif
   const int64_t cl = p.chunk_len, nq = cl / 4;
   const int nch = p.nchunks;
@@ -1598,32 +1606,21 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
     const int mr = (int)std::min<int64_t>(MRQ, m1 - r);
     const LinqFn fk = linq_pick<NPQ>(mr);
 #if BI_KERNEL_PASS == 1
-    // quads on tiles, the rest on VNNI; tiles pay from 8 rows (a verify block) on, below VNNI is as fast
-    const int64_t nq_amx = bi::g_amx && mr >= 8 ? nq / 16 * 16 : 0;
-#else
-    const int64_t nq_amx = 0;
-#endif
-#if BI_KERNEL_PASS == 1
-    if (nq_amx) amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
+    // tiles pay from 8 rows (a verify block) on; below, VNNI is as fast
+    const bool tiles = amx && mr >= 8 && nq >= 16;
+    if (tiles) amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
 #endif
     for (int64_t g = pn0; g < pn1; ++g) {  // one panel per call (NPQ == 1)
       for (int c = 0; c < nch; ++c) {
         const uint8_t* xc = p.xq + r * p.ldq + c * cl;
         const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
-        int32_t* oc = ib.data() + c * cs;
-        if (nq_amx == 0) {
-          fk(xc, p.ldq, wc, pstride, nq, oc);
+#if BI_KERNEL_PASS == 1
+        if (tiles) {
+          linq_tiles(xc, p.ldq, wc, pstride, nq, mr, fk, ib.data() + c * cs);
           continue;
         }
-#if BI_KERNEL_PASS == 1
-        alignas(64) int32_t wsum[32], rest[MRQ * 32];
-        linq_amx(xc, p.ldq, wc, nq_amx, oc, wsum);
-        if (nq > nq_amx) fk(xc + 4 * nq_amx, p.ldq, wc + nq_amx * 32, pstride, nq - nq_amx, rest);
-        for (int m = 0; m < mr; ++m)
-          for (int j = 0; j < 32; ++j)  // exact: the true sum fits int32, so wrap-around cancels
-            oc[m * 32 + j] = (int32_t)((uint32_t)oc[m * 32 + j] - ((uint32_t)wsum[j] << 7) +
-                                       (nq > nq_amx ? (uint32_t)rest[m * 32 + j] : 0u));
 #endif
+        fk(xc, p.ldq, wc, pstride, nq, ib.data() + c * cs);
       }
       for (int h = 0; h < 2; ++h) {
         const int64_t col = g * 32 + 16 * h;
