@@ -193,7 +193,8 @@ class CacheBlocks:
         return len(seq.block_table) * self.block_size
 
     def publish(self, seq, upto: int) -> None:
-        """Positions 0..upto-1 of the request hold final rows in every cache: share its full blocks among them."""
+        """Positions 0..upto-1 of the request hold final rows in the target's caches: share its full blocks among
+        requests (a proposer writes the rows its own caches still owe before a hit reads them: Proposer.share)."""
         if self.prefix_caching:  # rows past the last committed token (cut by a stop) hold no token of it
             self.main.publish(seq.block_table, seq.token_ids, min(upto, len(seq.token_ids)), seq.block_digests)
 

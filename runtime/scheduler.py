@@ -120,6 +120,8 @@ class Scheduler:
                 break
             if admitting and seq.num_computed == 0:
                 seq.num_computed = self.blocks.cached_prefix(seq)  # rows another request already computed
+                if seq.num_computed and self.proposer is not None:
+                    self.proposer.share(seq.block_table)
                 if not seq.num_preemptions:
                     seq.num_cached_tokens = seq.num_computed
             n = seq.prefill_target - seq.num_computed
@@ -159,7 +161,7 @@ class Scheduler:
         for w in work:
             seq, toks = w.seq, committed.get(w.seq.seq_id, [])
             seq.num_computed += w.num_rows if w.is_prefill else len(toks)
-            self.blocks.publish(seq, self.proposer.context_written(seq) if self.proposer else seq.num_computed)
+            self.blocks.publish(seq, seq.num_computed)
             if not w.is_prefill and w.draft_len:
                 dr = drafts.get(seq.seq_id, [])
                 if dr:  # a speculative step: drafts were verified (a proposer may find none worth verifying)

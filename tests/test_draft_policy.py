@@ -216,3 +216,22 @@ def test_min_draft_confidence_defaults_to_on_for_cpu_adaptive_only(tmp_path):
     assert LLM(target=t, draft=d, draft_len_policy="fixed", min_draft_confidence=0.3).engine.policy.min_confidence == 0.3
     with pytest.raises(DFlashError, match="min_draft_confidence must be in"):
         LLM(target=t, draft=d, min_draft_confidence=1.5)
+
+
+def test_probes_are_rare_where_drafting_does_not_pay_at_the_engine_rate():
+    """At a batch whose verify rows cost, a request that gave up probes after max_gap steps when drafting would
+    not pay even at the engine-wide acceptance, and after probe_every when it would."""
+    def probes(engine_p):
+        pol = DraftLengthPolicy("adaptive", BF16_1T, probe_every=8, max_gap=64)
+        pol.engine_rate = AcceptanceEstimate(prior_p=engine_p, prior_weight=1000.0, decay=1.0)
+        e, at = AcceptanceEstimate(prior_p=0.3), []
+        for i in range(200):
+            pol.begin_iteration()
+            k = pol.choose(e, 7, 4)
+            if k:
+                at.append(pol.iteration)
+                pol.observe(e, k, 0)
+        return at
+    assert best_draft_len(0.6, 7, 4, BF16_1T) == 0 < best_draft_len(0.9, 7, 4, BF16_1T)
+    assert probes(0.6) == [64, 128, 192]
+    assert probes(0.9)[:3] == [8, 24, 56]  # the doubling waits: 8, 16, 32

@@ -65,6 +65,38 @@ def test_prefix_hits_change_nothing_but_the_rows_computed(pair, spec):
         assert sum(s.accepted for s in seqs) > 0
 
 
+def test_a_hit_on_a_request_that_does_not_draft_reads_its_written_context(pair):
+    """The drafter's context is written lazily: a request that does not draft queues its rows. Another request
+    that hits its published blocks must find their context written (the proposer's share), so it drafts what it
+    drafts without the cache."""
+    t, d = pair
+    system = list(range(20, 20 + 4 * PAGE))
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    ref = _engine(t, d, False)
+    p_ref = Probe(ref.engine)
+    alone = ref.engine.add_request(system + [9], sp)
+    while ref.engine.has_unfinished():
+        ref.engine.step()
+    llm = _engine(t, d, True)
+    eng = llm.engine
+    p_on = Probe(eng)
+    a = eng.add_request(system + [7], sp)
+    draft_len = eng.policy.draft_len
+    eng.policy.draft_len = lambda seq, *rest: 0 if seq is a else draft_len(seq, *rest)  # a never drafts
+    while a.in_prefill or a.num_output < 3:
+        eng.step()
+    assert eng.proposer.pending_rows(a.seq_id) >= 4 * PAGE  # its prompt's context is still queued
+    b = eng.add_request(system + [9], sp)
+    eng.step()
+    assert b.num_cached_tokens == 4 * PAGE and eng.proposer.pending_rows(a.seq_id) == 1  # written, one more since
+    while eng.has_unfinished():
+        eng.step()
+    assert b.output_ids == alone.output_ids
+    on = {pos: dr for (sid, pos), dr in p_on.drafts.items() if sid == b.seq_id}
+    off = {pos: dr for (sid, pos), dr in p_ref.drafts.items() if sid == alone.seq_id}
+    assert len(on) >= 3 and on == {pos: off[pos] for pos in on}
+
+
 def test_shared_blocks_survive_the_other_requests_cancellation_and_eviction(pair):
     t, d = pair
     llm = _engine(t, d, True)

@@ -66,8 +66,8 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
             table = torch.tensor(s.block_table)
             slots = table[pos // blocks.block_size] * blocks.block_size + pos % blocks.block_size
             w = proposer.drafter.fc.weight
-            proposer.pending[s.seq_id] = [(torch.zeros(k + 1, w.shape[1], dtype=w.dtype, device=runner.device),
-                                           pos.to(runner.device), slots.to(runner.device))]
+            proposer.queue(s, torch.zeros(k + 1, w.shape[1], dtype=w.dtype, device=runner.device),
+                           pos.to(runner.device), slots.to(runner.device))
         proposer.propose([Scheduled(s, k + 1, k, False) for s in group], want_confidence=confidence)
 
     # name: (what runs, requests, target rows)

@@ -64,7 +64,7 @@ class Proposer:
         cache blocks stay readable for later requests (prefix caching): first write the rows it still owes
         them."""
 
-    def context_written(self, seq) -> int:
-        """Positions 0..n-1 of the request whose rows in the proposer's own caches are written (all of them for
-        a proposer without caches): the prefix cache shares blocks only below it."""
-        return seq.num_computed
+    def share(self, blocks) -> None:
+        """Cache blocks another request now reads through the prefix cache (a hit): first write whatever rows of
+        them the proposer's own caches still owe. Blocks are published once the target's rows in them are
+        final; a proposer with caches may write its rows later (DFlash writes them lazily)."""

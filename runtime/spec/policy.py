@@ -180,7 +180,10 @@ class DraftLengthPolicy:
     A request the model sends to K = 0 still drafts 1 token after `probe_every` steps so its estimate can
     recover when the text becomes predictable; each probe doubles the wait (up to `max_gap`) unless it lifts the
     estimate to where drafting pays again (a probe that merely lands, at an acceptance that does not pay, used to
-    reset the wait: on hard text at batch 4-8 those probes cost ~4% of the throughput). Probes
+    reset the wait: on hard text at batch 4-8 those probes cost ~4% of the throughput). Where drafting would not
+    pay even at the engine-wide acceptance, the wait is `max_gap` from the first: at a batch whose verify rows
+    cost, a probe (a drafter pass and verify rows for one likely token) is bought only for the chance that this
+    request's text is far easier than the rest, and requests of a few dozen steps never recover its cost. Probes
     fall on iterations that are multiples of `probe_every`, so requests that gave up share one drafter pass
     instead of each paying its fixed cost on a different step."""
 
@@ -215,7 +218,10 @@ class DraftLengthPolicy:
             est.idle = est.probe_gap = 0  # drafting pays again: a later give-up starts from short waits
         else:
             est.idle += 1
-            if (est.idle >= (est.probe_gap or self.probe_every) and self.iteration % self.probe_every == 0
+            wait = est.probe_gap or self.probe_every
+            if best_draft_len(self.engine_rate.p, k_cap, batch, self.costs) == 0:
+                wait = self.max_gap  # drafting does not pay at the rate the drafter keeps on this traffic
+            if (est.idle >= wait and self.iteration % self.probe_every == 0
                     and best_draft_len(HOPEFUL_P, k_cap, batch, self.costs) > 0):
                 est.idle, k, est.probing = 0, 1, True
                 est.probe_gap = est.probe_gap or self.probe_every
