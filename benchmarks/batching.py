@@ -1,13 +1,14 @@
 """Aggregate and per-user decode tokens/s at several concurrencies, AR vs DFlash, through the batching runtime.
 
     python benchmarks/batching.py [--target DIR --draft DIR] [--concurrency 1,4,16,32] [--max-tokens 64]
-        [--dataset humaneval|mtbench] [--fixed-too] [--linear-too] [--dtype float32|bfloat16]
+        [--dataset humaneval|mtbench] [--fixed-too] [--linear-too] [--ready-too] [--dtype float32|bfloat16]
 
 A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair and short
 coding requests decoded to max_tokens; --dataset: that benchmark's prompts, each ending at EOS or max_tokens).
 The AR and the DFlash engine (and with --fixed-too a DFlash engine drafting the full K every step, as
-TensorRT-LLM does) run side by side, one iteration each in turn, each timed by its own clock (the sum of its
-iteration times): on a shared, noisy machine all see the same conditions, so their ratios are fair.
+TensorRT-LLM does; with --ready-too one that never drafts, what being ready to draft costs) run side by side,
+one iteration each in turn, each timed by its own clock (the sum of its iteration times): on a shared, noisy
+machine all see the same conditions, so their ratios are fair.
 """
 from __future__ import annotations
 
@@ -72,6 +73,9 @@ def main():
     ap.add_argument("--fixed-too", action="store_true", help="also run DFlash with the fixed full draft length")
     ap.add_argument("--linear-too", action="store_true",
                     help="also run adaptive DFlash pricing passes by the 1-to-16-row straight line (no cost curve)")
+    ap.add_argument("--ready-too", action="store_true",
+                    help="also run a DFlash engine that never drafts (draft_len_schedule {1: 0}): the cost of "
+                         "capturing features and keeping the drafter's context")
     ap.add_argument("--dataset", default=None, help="humaneval or mtbench prompts (chat template, stop at EOS)")
     ap.add_argument("--dtype", default="float32", help="weights and activations of both engines: float32 or bfloat16")
     args = ap.parse_args()
@@ -92,6 +96,8 @@ def main():
                "DFlash": LLM(draft=args.draft, speculative=True, draft_len_policy=args.policy, **common)}
     if args.fixed_too:
         engines["fixed K"] = LLM(draft=args.draft, speculative=True, draft_len_policy="fixed", **common)
+    if args.ready_too:
+        engines["K=0"] = LLM(draft=args.draft, speculative=True, draft_len_schedule={1: 0}, **common)
     c = engines["DFlash"].engine.policy.costs
     if args.linear_too:  # the same measured figures, less the curves
         engines["linear"] = LLM(draft=args.draft, speculative=True, **common,
