@@ -12,10 +12,21 @@ so nothing needs rolling back: only lengths move on rejection.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from itertools import accumulate
+
 import torch
 
 from ..models.draft import DFlashDrafter, DraftSlice
 from .interface import Proposal, Proposer, TargetPass
+
+
+@dataclass
+class ContextQueue:
+    """One request's committed rows whose drafter context is not written yet: its last `rows` positions."""
+    seq: object  # the request (its block table and length)
+    parts: list = field(default_factory=list)  # (features, positions, slots) per step
+    rows: int = 0
 
 
 class DFlashProposer(Proposer):
@@ -30,10 +41,7 @@ class DFlashProposer(Proposer):
         self.page, self.device, self.ops = page_size, torch.device(device), ops
         self.feature_layers = list(drafter.cfg.target_layer_ids)
         self.tp_head = getattr(target, "tp", None)  # vocab-split head under tensor parallelism
-        # seq_id -> committed rows whose context is not written yet: (features, positions, slots)
-        self.pending: dict[int, list] = {}
-        self.pending_count: dict[int, int] = {}  # seq_id -> rows in its queue
-        self.owing: dict[int, object] = {}  # seq_id -> the request (its block table) while its queue is not empty
+        self.pending: dict[int, ContextQueue] = {}  # seq_id -> its queue, while not empty
         row_bytes = len(self.feature_layers) * drafter.cfg.hidden_size * 4  # fp32 at most
         self.max_pending = max(64, self.PENDING_BYTES // row_bytes)
         drafter.ops = ops
@@ -51,7 +59,8 @@ class DFlashProposer(Proposer):
         return (bt[pos // self.page] * self.page + pos % self.page).to(self.device)
 
     def pending_rows(self, seq_id: int) -> int:
-        return self.pending_count.get(seq_id, 0)
+        q = self.pending.get(seq_id)
+        return q.rows if q is not None else 0
 
     @torch.inference_mode()
     def propose(self, work, want_confidence: bool = False) -> Proposal:
@@ -113,35 +122,31 @@ class DFlashProposer(Proposer):
         if sum(n for _, _, n in spans) < feats.shape[0]:
             idx = torch.cat([torch.arange(first, first + n) for _, first, n in spans]).to(feats.device)
             feats, pos, slots = feats.index_select(0, idx), pos.index_select(0, idx), slots.index_select(0, idx)
-            at, packed = 0, []
-            for sid, _, n in spans:
-                packed.append((sid, at, n))
-                at += n
-            spans = packed
+            starts = accumulate((n for _, _, n in spans), initial=0)
+            spans = [(sid, at, n) for (sid, _, n), at in zip(spans, starts)]
         for w, (sid, first, n) in zip(work, spans):
             self.queue(w.seq, feats[first:first + n], pos[first:first + n], slots[first:first + n])
-        self.write_context([sid for sid, _, _ in spans if self.pending_count[sid] >= self.max_pending])
+        self.write_context([sid for sid, _, _ in spans if self.pending[sid].rows >= self.max_pending])
 
     def queue(self, seq, features, positions, slots) -> None:
         """Rows whose context the next write_context of the request writes."""
-        self.pending.setdefault(seq.seq_id, []).append((features, positions, slots))
-        self.pending_count[seq.seq_id] = self.pending_count.get(seq.seq_id, 0) + features.shape[0]
-        self.owing[seq.seq_id] = seq
+        q = self.pending.get(seq.seq_id)
+        if q is None:
+            q = self.pending[seq.seq_id] = ContextQueue(seq)
+        q.parts.append((features, positions, slots))
+        q.rows += features.shape[0]
 
     def share(self, blocks) -> None:
         """Blocks another request now reads through the prefix cache: their owners' queued rows are written
-        first (a request's queue holds its last rows, positions num_computed - queued .. num_computed - 1)."""
+        first (a request's queue holds its last rows, positions num_computed - rows .. num_computed - 1)."""
         hit = set(blocks)
-        owners = [sid for sid, seq in self.owing.items()
-                  if hit.intersection(seq.block_table[(seq.num_computed - self.pending_count[sid]) // self.page:])]
+        owners = [sid for sid, q in self.pending.items()
+                  if hit.intersection(q.seq.block_table[(q.seq.num_computed - q.rows) // self.page:])]
         self.write_context(owners)
 
     @torch.inference_mode()
     def write_context(self, seq_ids) -> None:
-        parts = [p for sid in seq_ids for p in self.pending.pop(sid, ())]
-        for sid in seq_ids:
-            self.pending_count.pop(sid, None)
-            self.owing.pop(sid, None)
+        parts = [p for sid in seq_ids if sid in self.pending for p in self.pending.pop(sid).parts]
         if not parts:
             return
         self.drafter.write_context(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
@@ -150,6 +155,4 @@ class DFlashProposer(Proposer):
     def release(self, seq, keep_cache: bool = False) -> None:
         if keep_cache:
             self.write_context([seq.seq_id])
-        self.pending_count.pop(seq.seq_id, None)
-        self.owing.pop(seq.seq_id, None)
         self.pending.pop(seq.seq_id, None)  # its blocks are gone: the context waiting for them goes too

@@ -219,7 +219,9 @@ class DraftLengthPolicy:
         else:
             est.idle += 1
             wait = est.probe_gap or self.probe_every
-            if best_draft_len(self.engine_rate.p, k_cap, batch, self.costs) == 0:
+            # the cost model runs only on a probe iteration past the shortest wait, not every idle step
+            if (self.iteration % self.probe_every == 0 and est.idle >= wait
+                    and best_draft_len(self.engine_rate.p, k_cap, batch, self.costs) == 0):
                 wait = self.max_gap  # drafting does not pay at the rate the drafter keeps on this traffic
             if (est.idle >= wait and self.iteration % self.probe_every == 0
                     and best_draft_len(HOPEFUL_P, k_cap, batch, self.costs) > 0):
