@@ -752,6 +752,7 @@ BI_INLINE uint16_t f2bf_s(float f) {
 #if BI_KERNEL_PASS == 1  // ------------------------------------------------------------------- AVX-512
 static const char* const kIsaName = "avx512";
 enum { MR_MAX = 14 };
+static inline int mr_max_for(int) { return MR_MAX; }
 static inline int np_for(int mr) { return mr <= 3 ? 4 : (mr <= 7 ? 2 : 1); }
 
 struct V16 { __m512 v; };
@@ -834,7 +835,10 @@ BI_INLINE V16 reduce16(const V16* a) {
 
 #elif BI_KERNEL_PASS == 2  // ----------------------------------------------------------------- AVX2 + FMA
 static const char* const kIsaName = "avx2";
-enum { MR_MAX = 3 };
+// fp32 and bf16 panels run tiles of up to 6 rows one 16-column half at a time (lin_kernel_half); the other
+// panel kinds keep all 32 columns in registers, which 16 ymm registers allow for 3 rows
+enum { MR_MAX = 6 };
+static inline int mr_max_for(int wt) { return wt == bi::F32 || wt == bi::BF16 ? MR_MAX : 3; }
 static inline int np_for(int mr) { return mr == 1 ? 2 : 1; }
 
 struct V16 { __m256 lo, hi; };
@@ -946,6 +950,7 @@ BI_INLINE V16 reduce16(const V16* a) {
 #else  // ---------------------------------------------------------------------------------------- portable
 static const char* const kIsaName = "scalar";
 enum { MR_MAX = 4 };
+static inline int mr_max_for(int) { return MR_MAX; }
 static inline int np_for(int) { return 1; }
 
 struct V16 { float v[16]; };
@@ -1427,6 +1432,63 @@ static bool cpu_dpbf16() {
 }
 #endif
 
+#if BI_KERNEL_PASS == 2
+// fp32 / bf16 panels on AVX2: the 2 x 16 columns of a panel as two passes over a block of k, each with one
+// 16-column half's accumulators (2 MR), its two widened weight vectors and a broadcast in 16 registers, so a
+// weight is loaded (and widened) once per MR rows; the second half's lines come from L1. The chains, and so
+// the bits, are lin_kernel's.
+template <int MR, int WK>
+static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, int64_t panel_stride, int64_t len,
+                            float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
+  (void)panel_stride;
+  constexpr int64_t KB = 64;
+  const float* xc = (const float*)xv;
+  const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
+  V16 acc[MR][1][2];
+  for (int m = 0; m < MR; ++m) acc[m][0][0] = acc[m][0][1] = vzero();
+  for (int64_t k0 = 0; k0 < len; k0 += KB) {
+    const int64_t k1 = std::min(len, k0 + KB);
+    for (int g = 0; g < 2; ++g) {
+      // F32: half g is columns 16g..16g+15 (acc[.][0][g]); BF16: u32 lanes 8g..8g+7 hold columns 8g.. (high
+      // halves, acc[.][0][0]) and 16+8g.. (low halves, acc[.][0][1]), the .lo (g = 0) or .hi (g = 1) vectors
+      __m256* r0[MR];
+      __m256* r1[MR];
+      for (int m = 0; m < MR; ++m) {
+        if (WK == bi::F32) { r0[m] = &acc[m][0][g].lo; r1[m] = &acc[m][0][g].hi; }
+        else { r0[m] = g ? &acc[m][0][0].hi : &acc[m][0][0].lo; r1[m] = g ? &acc[m][0][1].hi : &acc[m][0][1].lo; }
+      }
+      __m256 a0[MR], a1[MR];
+      for (int m = 0; m < MR; ++m) { a0[m] = *r0[m]; a1[m] = *r1[m]; }
+#pragma GCC unroll 2
+      for (int64_t k = k0; k < k1; ++k) {
+        __m256 w0, w1;
+        if (WK == bi::F32) {
+          const float* q = (const float*)w + k * 32 + 16 * g;
+          w0 = _mm256_loadu_ps(q);
+          w1 = _mm256_loadu_ps(q + 8);
+          if (g == 0) {
+            _mm_prefetch((const char*)((const float*)w + (k + 8) * 32), _MM_HINT_T0);
+            _mm_prefetch((const char*)((const float*)w + (k + 8) * 32 + 16), _MM_HINT_T0);
+          }
+        } else {
+          const __m256i u = _mm256_loadu_si256((const __m256i*)((const uint32_t*)w + k * 16 + 8 * g));
+          w0 = _mm256_castsi256_ps(_mm256_and_si256(u, hi16));
+          w1 = _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+          if (g == 0) _mm_prefetch((const char*)((const uint32_t*)w + (k + 16) * 16), _MM_HINT_T0);
+        }
+        for (int m = 0; m < MR; ++m) {
+          const __m256 a = _mm256_broadcast_ss(xc + k * MR + m);
+          a0[m] = _mm256_fmadd_ps(a, w0, a0[m]);
+          a1[m] = _mm256_fmadd_ps(a, w1, a1[m]);
+        }
+      }
+      for (int m = 0; m < MR; ++m) { *r0[m] = a0[m]; *r1[m] = a1[m]; }
+    }
+  }
+  lin_finish<MR, 1>(p, acc, acc_out, chunk_stride, done, m0, pn0);
+}
+#endif
+
 template <int MR, int WK>
 static LinKernelFn lin_pick_np(int np) {
 #if BI_KERNEL_PASS == 1
@@ -1435,6 +1497,10 @@ static LinKernelFn lin_pick_np(int np) {
     if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel_dp<MR, 2>;
     return &lin_kernel_dp<MR, 1>;
   }
+#endif
+#if BI_KERNEL_PASS == 2
+  // from 3 rows (6 chains of FMAs in flight); 2 rows fit lin_kernel in registers with 8
+  if ((WK == bi::F32 || WK == bi::BF16) && MR > 2) return &lin_kernel_half<MR, WK>;  // np_for(MR) == 1
 #endif
   if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 4, WK>;
   if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 2, WK>;
@@ -1447,12 +1513,12 @@ static LinKernelFn lin_pick(int mr, int np) {
     case 1: return lin_pick_np<1, WK>(np);
     case 2: return lin_pick_np<2, WK>(np);
     case 3: return lin_pick_np<3, WK>(np);
-#if BI_KERNEL_PASS != 2
     case 4: return lin_pick_np<4, WK>(np);
-#endif
-#if BI_KERNEL_PASS == 1
+#if BI_KERNEL_PASS != 3
     case 5: return lin_pick_np<5, WK>(np);
     case 6: return lin_pick_np<6, WK>(np);
+#endif
+#if BI_KERNEL_PASS == 1
     case 7: return lin_pick_np<7, WK>(np);
     case 8: return lin_pick_np<8, WK>(np);
     case 9: return lin_pick_np<9, WK>(np);
@@ -1477,14 +1543,15 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
 
 static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
   if (p.wt == bi::I8Q) return linear_tile_q(p, m0, m1, pn0, pn1);
-  // rows in cache blocks (x block ~ 768 KiB), each block in balanced tiles of <= MR_MAX rows; per group of
+  // rows in cache blocks (x block ~ 768 KiB), each block in balanced tiles of <= mr_max_for(wt) rows; per group of
   // NP panels (which stays in L2), every tile of the block runs its chunks' chains, the last one the tree.
   // (k blocks keeping a weight slice in L1 across the tiles measured no faster here.)
   const int64_t cl = p.chunk_len;
   const int nch = p.nchunks;
   const int64_t kx = cl * nch;
   int64_t mb = (768 * 1024) / (4 * std::max<int64_t>(kx, 1));
-  mb = std::max<int64_t>(MR_MAX, (mb / MR_MAX) * MR_MAX);
+  const int mrmax = mr_max_for(p.wt);
+  mb = std::max<int64_t>(mrmax, (mb / mrmax) * mrmax);
   // bytes of one k of a panel: 32 floats, 16 u32 bf16 pairs, or 32 e4m3 / int8 bytes; the kernels' panel
   // stride is in elements of their pointer type (4 bytes, 4 bytes, 1 byte)
   const bool bytes = p.wt == bi::F8 || p.wt == bi::I8;
@@ -1496,7 +1563,7 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
   thread_local std::vector<uint16_t> hbuf, hrow;
   for (int64_t b0 = m0; b0 < m1; b0 += mb) {
     const int64_t rows = std::min(mb, m1 - b0);
-    const int64_t nt = (rows + MR_MAX - 1) / MR_MAX;
+    const int64_t nt = (rows + mrmax - 1) / mrmax;
     const int base = (int)(rows / nt), extra = (int)(rows % nt);
     int npw = np_for(extra ? base + 1 : base);
 #if BI_KERNEL_PASS == 2
