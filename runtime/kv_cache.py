@@ -36,6 +36,7 @@ class BlockManager:
         self.by_digest: dict[bytes, int] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()  # published blocks no request holds, oldest first
         self.queried_tokens = self.hit_tokens = 0  # prefix-cache lookups (vLLM's prefix_cache_queries / hits)
+        self.on_evict = None  # called with a published block before its space goes to another use
 
     @property
     def num_free(self) -> int:
@@ -47,6 +48,8 @@ class BlockManager:
         else:  # the least recently used published block gives its space up
             b, _ = self.lru.popitem(last=False)
             del self.by_digest[self.digest_of.pop(b)]
+            if self.on_evict is not None:
+                self.on_evict(b)
         self.ref[b] = 1
         return b
 
@@ -197,6 +200,10 @@ class CacheBlocks:
         requests (a proposer writes the rows its own caches still owe before a hit reads them: Proposer.share)."""
         if self.prefix_caching:  # rows past the last committed token (cut by a stop) hold no token of it
             self.main.publish(seq.block_table, seq.token_ids, min(upto, len(seq.token_ids)), seq.block_digests)
+
+    def published(self, seq) -> set[int]:
+        """The request's blocks that the prefix cache keeps readable once the request lets them go."""
+        return {b for b in seq.block_table if b in self.main.digest_of} if self.prefix_caching else set()
 
     def release(self, seq) -> None:
         seq.block_digests.clear()

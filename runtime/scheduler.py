@@ -41,6 +41,8 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, blocks: CacheBlocks, policy=None, proposer=None,
                  eos_ids=(), detokenizer: Detokenizer | None = None):
         self.cfg, self.blocks, self.policy, self.proposer = cfg, blocks, policy, proposer
+        if proposer is not None:
+            blocks.main.on_evict = proposer.evict
         self.eos_ids = set(eos_ids)
         self.detok = detokenizer or Detokenizer(None)
         self.waiting: deque[Sequence] = deque()
@@ -57,10 +59,10 @@ class Scheduler:
 
     # -- freeing ------------------------------------------------------------------------------------
     def _free(self, seq: Sequence) -> None:
-        if self.proposer is not None:
-            # with prefix caching the request's blocks outlive it: the proposer first writes what it owes them
-            self.proposer.release(seq, keep_cache=self.blocks.prefix_caching)
         self.blocks.publish(seq, seq.num_computed)
+        if self.proposer is not None:
+            # with prefix caching some of the request's blocks outlive it: the proposer keeps what it owes them
+            self.proposer.release(seq, self.blocks.published(seq))
         self.blocks.release(seq)
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:

@@ -97,6 +97,73 @@ def test_a_hit_on_a_request_that_does_not_draft_reads_its_written_context(pair):
     assert len(on) >= 3 and on == {pos: off[pos] for pos in on}
 
 
+def _never_drafts(eng, seq):
+    draft_len = eng.policy.draft_len
+    eng.policy.draft_len = lambda s, *rest: 0 if s is seq else draft_len(s, *rest)
+
+
+def _drafts_of(probe, seq):
+    return {pos: dr for (sid, pos), dr in probe.drafts.items() if sid == seq.seq_id}
+
+
+def test_a_hit_on_a_finished_request_reads_the_context_it_left_parked(pair):
+    """A request that leaves without drafting owes its cached blocks their drafter context: the rows stay parked
+    until a hit reads those blocks, which must then draft what it drafts without the cache."""
+    t, d = pair
+    system = list(range(20, 20 + 4 * PAGE))
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    ref = _engine(t, d, False)
+    p_ref = Probe(ref.engine)
+    alone = ref.engine.add_request(system + [9], sp)
+    while ref.engine.has_unfinished():
+        ref.engine.step()
+    eng = _engine(t, d, True).engine
+    p_on = Probe(eng)
+    a = eng.add_request(system + [7], SamplingParams(max_tokens=3, ignore_eos=True))
+    _never_drafts(eng, a)
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.proposer.pending_rows(a.seq_id) == 0 and eng.proposer.parked_rows >= 4 * PAGE  # not written
+    b = eng.add_request(system + [9], sp)
+    eng.step()
+    assert b.num_cached_tokens == 4 * PAGE and eng.proposer.parked_rows < 4 * PAGE  # the hit wrote its blocks'
+    while eng.has_unfinished():
+        eng.step()
+    assert b.output_ids == alone.output_ids
+    on, off = _drafts_of(p_on, b), _drafts_of(p_ref, alone)
+    assert len(on) >= 3 and on == {pos: off[pos] for pos in on}
+
+
+def test_parked_context_goes_with_its_evicted_block(pair):
+    """Parked rows belong to a block's old contents: once its space is reused they are dropped, never written
+    over the rows of its new owner (whose blocks later requests hit)."""
+    t, d = pair
+    llm = _engine(t, d, True)
+    eng = llm.engine
+    a = eng.add_request(list(range(20, 20 + 6 * PAGE)) + [7], SamplingParams(max_tokens=3, ignore_eos=True))
+    _never_drafts(eng, a)
+    while eng.has_unfinished():
+        eng.step()
+    parked = {b: eng.blocks.main.digest_of[b] for b in eng.proposer.parked}
+    assert len(parked) >= 6
+    rng = random.Random(5)
+    prefixes = [[rng.randrange(4, tiny.VOCAB) for _ in range(80)] for _ in range(12)]  # > the 200 blocks
+    sp = SamplingParams(max_tokens=8, ignore_eos=True)
+    ref = _engine(t, d, False)
+    p_on, p_ref = Probe(eng), Probe(ref.engine)
+    for q in prefixes:  # the first of each pair fills the cache (evicting), the second hits its blocks
+        for tail in ([5], [6]):
+            s_on, s_ref = eng.add_request(q + tail, sp), ref.engine.add_request(q + tail, sp)
+            while eng.has_unfinished():
+                eng.step()
+            while ref.engine.has_unfinished():
+                ref.engine.step()
+            assert s_on.output_ids == s_ref.output_ids
+            assert _drafts_of(p_on, s_on) == _drafts_of(p_ref, s_ref)
+    assert all(eng.blocks.main.digest_of.get(b) != dg for b, dg in parked.items())  # all reused
+    assert not set(parked).intersection(eng.proposer.parked)
+
+
 def test_shared_blocks_survive_the_other_requests_cancellation_and_eviction(pair):
     t, d = pair
     llm = _engine(t, d, True)

@@ -4,14 +4,17 @@ target's features of the request's committed tokens, which the drafter keeps as 
 
 The drafter's context is written lazily: the committed rows' features wait in a queue keyed by request, and
 are written right before the request's next draft, before another request reads its blocks through the prefix
-cache (`share`), when it leaves with its blocks kept for that cache, or once the queue holds PENDING_BYTES. A
-request that is not drafting (the policy found it does not pay, or the batch is too large) then costs one large
-context write every PENDING_BYTES of features, and nothing at all if it finishes first: at 16-32 requests that
-do not draft, writing every committed row cost ~1.5% of the throughput. Rejected rows never enter the queue,
-so nothing needs rolling back: only lengths move on rejection.
+cache (`share`), or once the queue holds PENDING_BYTES. A request that is not drafting (the policy found it does
+not pay, or the batch is too large) then costs one large context write every PENDING_BYTES of features, and
+nothing at all if it finishes first: at 16-32 requests that do not draft, writing every committed row cost ~1.5%
+of the throughput. When a request leaves, the rows it owes blocks the prefix cache keeps stay parked per block
+until a hit reads the block (then written), the block's space is reused (`evict`: dropped), or the parked rows
+pass PARKED_BYTES (the oldest written). Rejected rows never enter the queue, so nothing needs rolling back:
+only lengths move on rejection.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -35,6 +38,7 @@ class DFlashProposer(Proposer):
     pass_cost = True
     supports_confidence = True
     PENDING_BYTES = 8 << 20  # a request's queued features before they are written anyway (memory bound)
+    PARKED_BYTES = 64 << 20  # features finished requests owe cached blocks, all requests together
 
     def __init__(self, drafter: DFlashDrafter, target, caches, page_size: int, device, ops=None):
         self.drafter, self.target, self.caches = drafter, target, caches
@@ -44,6 +48,9 @@ class DFlashProposer(Proposer):
         self.pending: dict[int, ContextQueue] = {}  # seq_id -> its queue, while not empty
         row_bytes = len(self.feature_layers) * drafter.cfg.hidden_size * 4  # fp32 at most
         self.max_pending = max(64, self.PENDING_BYTES // row_bytes)
+        # cached block -> (features, positions, slots) its finished owner still owes it, oldest first
+        self.parked: OrderedDict[int, tuple] = OrderedDict()
+        self.parked_rows, self.max_parked = 0, max(64, self.PARKED_BYTES // row_bytes)
         drafter.ops = ops
 
     def max_draft_len(self, requested: int | None) -> int:
@@ -137,22 +144,44 @@ class DFlashProposer(Proposer):
         q.rows += features.shape[0]
 
     def share(self, blocks) -> None:
-        """Blocks another request now reads through the prefix cache: their owners' queued rows are written
-        first (a request's queue holds its last rows, positions num_computed - rows .. num_computed - 1)."""
+        """Blocks another request now reads through the prefix cache: their owners' queued rows (a request's
+        queue holds its last rows, positions num_computed - rows .. num_computed - 1) and the rows parked for
+        them are written first."""
         hit = set(blocks)
         owners = [sid for sid, q in self.pending.items()
                   if hit.intersection(q.seq.block_table[(q.seq.num_computed - q.rows) // self.page:])]
-        self.write_context(owners)
+        self.write_context(owners, [self._unpark(b) for b in blocks if b in self.parked])
 
     @torch.inference_mode()
-    def write_context(self, seq_ids) -> None:
-        parts = [p for sid in seq_ids if sid in self.pending for p in self.pending.pop(sid).parts]
+    def write_context(self, seq_ids, parked=()) -> None:
+        parts = [p for sid in seq_ids if sid in self.pending for p in self.pending.pop(sid).parts] + list(parked)
         if not parts:
             return
         self.drafter.write_context(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
                                    torch.cat([p[2] for p in parts]), self.caches)
 
-    def release(self, seq, keep_cache: bool = False) -> None:
-        if keep_cache:
-            self.write_context([seq.seq_id])
-        self.pending.pop(seq.seq_id, None)  # its blocks are gone: the context waiting for them goes too
+    def release(self, seq, cached_blocks=frozenset()) -> None:
+        q = self.pending.pop(seq.seq_id, None)  # the context waiting for blocks that go goes too
+        if q is None or not cached_blocks:
+            return
+        feats, pos, slots = (torch.cat([p[i] for p in q.parts]) for i in range(3))
+        start, page = seq.num_computed - q.rows, self.page
+        for i in range(start // page, -(-seq.num_computed // page)):
+            b = seq.block_table[i]
+            if b in cached_blocks:
+                lo, hi = max(start, i * page) - start, min(seq.num_computed, (i + 1) * page) - start
+                self.parked[b] = (feats[lo:hi], pos[lo:hi], slots[lo:hi])
+                self.parked_rows += hi - lo
+        spill = []
+        while self.parked_rows > self.max_parked:
+            spill.append(self._unpark(next(iter(self.parked))))
+        self.write_context((), spill)
+
+    def evict(self, block: int) -> None:
+        if block in self.parked:
+            self._unpark(block)
+
+    def _unpark(self, block: int):
+        rows = self.parked.pop(block)
+        self.parked_rows -= rows[0].shape[0]
+        return rows

@@ -59,10 +59,13 @@ class Proposer:
         """After verification: how many of each request's packed rows are committed (a prefill chunk: all of
         them; a verify block: the bonus row and the accepted drafts' rows). Rows past them were rejected."""
 
-    def release(self, seq, keep_cache: bool = False) -> None:
-        """The request finished, was aborted or preempted: drop what the proposer keeps for it. keep_cache: its
-        cache blocks stay readable for later requests (prefix caching): first write the rows it still owes
-        them."""
+    def release(self, seq, cached_blocks=frozenset()) -> None:
+        """The request finished, was aborted or preempted: drop what the proposer keeps for it. cached_blocks:
+        those of its blocks the prefix cache keeps readable for later requests; the proposer keeps the rows it
+        still owes them until a hit reads them (share) or the space goes (evict)."""
+
+    def evict(self, block: int) -> None:
+        """A cached block's space goes to another use: whatever the proposer kept for it is void."""
 
     def share(self, blocks) -> None:
         """Cache blocks another request now reads through the prefix cache (a hit): first write whatever rows of
