@@ -200,6 +200,24 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     assert measure_step_costs(eng.runner, eng.proposer, CacheBlocks(BlockManager(2, eng.blocks.block_size)), 0) is None
 
 
+def test_calibration_takes_each_rounds_own_ratios_so_a_spell_of_the_machine_moves_nothing():
+    """The costs are each round's ratios, their median over rounds: a round that met a busy machine (every run
+    slower) and one in which a single run met a fast spell leave the figures where the steady rounds put them."""
+    from dflash_trt.spec import calibrate as cal
+
+    runs = {"one": (None, 1, 1), "block": (None, 1, 4), "wide": (None, 16, 16), "verify": (None, 8, 32),
+            "d_one": (None, 1, 0), "d_mid": (None, 4, 0), "d_wide": (None, 16, 0)}
+    steady = {"one": 0.020, "block": 0.025, "wide": 0.050, "verify": 0.090, "d_one": 0.008, "d_mid": 0.016,
+              "d_wide": 0.048}
+    busy = {name: 1.6 * v for name, v in steady.items()}
+    lucky = dict(steady, verify=0.045)  # only the verify point ran in a fast spell
+    want = cal._costs(steady, runs, True)
+    got = cal._median([cal._costs(t, runs, True) for t in (steady, busy, lucky, steady, steady)])
+    assert got["curve"] == pytest.approx(want["curve"]) and got["draft_curve"] == pytest.approx(want["draft_curve"])
+    assert (got["row"], got["draft"], got["draft_row"]) == pytest.approx((want["row"], want["draft"], want["draft_row"]))
+    assert [n for n, _ in got["curve"]] == [1, 4, 16, 32] and [n for n, _ in got["draft_curve"]] == [1, 4, 16]
+
+
 def test_confident_prefixes_cut_before_the_first_doubted_draft_after_the_first():
     conf = [0.1, 0.9, 0.3, 0.8,   0.9, 0.5, 0.45,   0.2,   0.9, 0.9]
     lens = [4, 3, 1, 2]

@@ -5,7 +5,10 @@ rows and D(B) for a drafter pass drafting for B requests. Those costs move a lot
 count and the model size, and on a CPU T is not a straight line (rows are nearly free while the matmuls stream
 the weights, and cost their full compute once they turn compute-bound), so constants measured once elsewhere, or
 a slope taken between two small batches, send requests to the wrong K. Real engine steps and drafter passes on
-scratch requests, the fastest of a few tries each (the others met a busy machine), give the curves' points:
+scratch requests give the curves' points, each the median over a few rounds of that round's own figure: a round
+runs every point within a fraction of a second, so a busy (or a fast) spell of a shared machine moves its points
+together and their ratios little, where the fastest try of each point apart mixed spells and moved the curve by
+20-50% from one engine start to the next:
 
     target pass: 1 request decoding (1 row), 1 request verifying K drafts (K+1 rows), 16 requests decoding
                  (16 rows), and 8 requests verifying K drafts each (8 (K+1) rows: what a loaded batch
@@ -31,22 +34,53 @@ MID = 4  # requests of the drafter's middle point
 VERIFY = 8  # requests of the verify point: past the CPU's turn to compute-bound, and half the start time of 16
 
 
-def _fastest(runs: dict, tries: int) -> dict:
-    """The fastest of `tries` timings of each run (after one warm-up round). The runs take turns, so a busy spell
-    of the machine slows one try of each rather than every try of one, and cannot skew their differences."""
-    best = {name: float("inf") for name in runs}
+def _timed_rounds(runs: dict, tries: int) -> list[dict]:
+    """`tries` rounds (after one warm-up round) of every run in turn: each round's timings, name -> seconds."""
+    rounds = []
     for i in range(tries + 1):
+        t = {}
         for name, (fn, seqs) in runs.items():
             for s in seqs:
                 s.num_computed = CONTEXT
             t0 = time.perf_counter()
             fn(seqs)
-            if i:
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+            t[name] = time.perf_counter() - t0
+        if i:
+            rounds.append(t)
+    return rounds
 
 
-def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, tries: int = 4,
+def _costs(t: dict, runs: dict, pass_cost: bool) -> dict:
+    """One round's timings as the policy's figures, in units of that round's fixed cost."""
+    one, wide = t["one"], t["wide"]
+    r = max((wide - one) / (N - 1), 0.0)
+    fixed = max(one - r, 1e-6)
+    out = {"row": r / fixed, "draft": 0.0, "draft_row": 0.0,
+           "curve": [(rows, t[name] / fixed) for name, (fn, _, rows) in runs.items() if rows]}
+    if pass_cost:
+        d_one, d_wide = t["d_one"], t["d_wide"]
+        d = max((d_wide - d_one) / (N - 1), 0.0)
+        out.update(draft=max(d_one - d, 0.0) / fixed, draft_row=d / fixed,
+                   draft_curve=[(n, t[name] / fixed) for name, (_, n, rows) in runs.items() if not rows])
+    return out
+
+
+def _median(rounds: list[dict]) -> dict:
+    """Each figure's median over the rounds (the curves point by point)."""
+    def med(xs):
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+
+    out = {}
+    for key, v in rounds[0].items():
+        if isinstance(v, list):
+            out[key] = [(x, med([r[key][i][1] for r in rounds])) for i, (x, _) in enumerate(v)]
+        else:
+            out[key] = med([r[key] for r in rounds])
+    return out
+
+
+def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, tries: int = 5,
                        confidence: bool = False) -> dict | None:
     """Returns {"row", "draft", "draft_row", "curve", "draft_curve"} in units of a pass's fixed cost, or None
     without cache room. A proposer without a model pass (pass_cost False) drafts for free: only the target's
@@ -75,7 +109,7 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     # each point is measured as the policy uses it: one request verifying K drafts is the batch-of-one choice
     runs = {"one": (decode, 1, 1), "block": (verify, 1, k + 1), "wide": (decode, N, N),
             "verify": (verify, VERIFY, VERIFY * (k + 1))}
-    if proposer.pass_cost:
+    if proposer.pass_cost:  # drafter passes: no target rows
         runs.update(d_one=(draft, 1, 0), d_mid=(draft, MID, 0), d_wide=(draft, N, 0))
     try:
         for _ in range(N):
@@ -85,19 +119,9 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
                 return None
             blocks.grow(s, CONTEXT + k + 1)
             seqs.append(s)
-        t = _fastest({name: (fn, seqs[:n]) for name, (fn, n, _) in runs.items()}, tries)
+        rounds = _timed_rounds({name: (fn, seqs[:n]) for name, (fn, n, _) in runs.items()}, tries)
     finally:
         for s in seqs:
             blocks.release(s)
             proposer.release(s)
-    one, wide = t["one"], t["wide"]
-    r = max((wide - one) / (N - 1), 0.0)
-    fixed = max(one - r, 1e-6)
-    out = {"row": r / fixed, "draft": 0.0, "draft_row": 0.0,
-           "curve": [(rows, t[name] / fixed) for name, (fn, _, rows) in runs.items() if fn is not draft]}
-    if proposer.pass_cost:
-        d_one, d_wide = t["d_one"], t["d_wide"]
-        d = max((d_wide - d_one) / (N - 1), 0.0)
-        out.update(draft=max(d_one - d, 0.0) / fixed, draft_row=d / fixed,
-                   draft_curve=[(n, t[name] / fixed) for name, (fn, n, _) in runs.items() if fn is draft])
-    return out
+    return _median([_costs(t, runs, proposer.pass_cost) for t in rounds])
