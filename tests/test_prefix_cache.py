@@ -65,36 +65,14 @@ def test_prefix_hits_change_nothing_but_the_rows_computed(pair, spec):
         assert sum(s.accepted for s in seqs) > 0
 
 
-def test_a_hit_on_a_request_that_does_not_draft_reads_its_written_context(pair):
-    """The drafter's context is written lazily: a request that does not draft queues its rows. Another request
-    that hits its published blocks must find their context written (the proposer's share), so it drafts what it
-    drafts without the cache."""
-    t, d = pair
-    system = list(range(20, 20 + 4 * PAGE))
-    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+def _alone(t, d, prompt, sp):
+    """The request alone on an engine without the cache: (its sequence, a probe of its drafts)."""
     ref = _engine(t, d, False)
-    p_ref = Probe(ref.engine)
-    alone = ref.engine.add_request(system + [9], sp)
+    probe = Probe(ref.engine)
+    seq = ref.engine.add_request(prompt, sp)
     while ref.engine.has_unfinished():
         ref.engine.step()
-    llm = _engine(t, d, True)
-    eng = llm.engine
-    p_on = Probe(eng)
-    a = eng.add_request(system + [7], sp)
-    draft_len = eng.policy.draft_len
-    eng.policy.draft_len = lambda seq, *rest: 0 if seq is a else draft_len(seq, *rest)  # a never drafts
-    while a.in_prefill or a.num_output < 3:
-        eng.step()
-    assert eng.proposer.pending_rows(a.seq_id) >= 4 * PAGE  # its prompt's context is still queued
-    b = eng.add_request(system + [9], sp)
-    eng.step()
-    assert b.num_cached_tokens == 4 * PAGE and eng.proposer.pending_rows(a.seq_id) == 1  # written, one more since
-    while eng.has_unfinished():
-        eng.step()
-    assert b.output_ids == alone.output_ids
-    on = {pos: dr for (sid, pos), dr in p_on.drafts.items() if sid == b.seq_id}
-    off = {pos: dr for (sid, pos), dr in p_ref.drafts.items() if sid == alone.seq_id}
-    assert len(on) >= 3 and on == {pos: off[pos] for pos in on}
+    return seq, probe
 
 
 def _never_drafts(eng, seq):
@@ -106,17 +84,39 @@ def _drafts_of(probe, seq):
     return {pos: dr for (sid, pos), dr in probe.drafts.items() if sid == seq.seq_id}
 
 
+def test_a_hit_on_a_request_that_does_not_draft_reads_its_written_context(pair):
+    """The drafter's context is written lazily: a request that does not draft queues its rows. Another request
+    that hits its published blocks must find their context written (the proposer's share), so it drafts what it
+    drafts without the cache."""
+    t, d = pair
+    system = list(range(20, 20 + 4 * PAGE))
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    alone, p_ref = _alone(t, d, system + [9], sp)
+    llm = _engine(t, d, True)
+    eng = llm.engine
+    p_on = Probe(eng)
+    a = eng.add_request(system + [7], sp)
+    _never_drafts(eng, a)
+    while a.in_prefill or a.num_output < 3:
+        eng.step()
+    assert eng.proposer.pending_rows(a.seq_id) >= 4 * PAGE  # its prompt's context is still queued
+    b = eng.add_request(system + [9], sp)
+    eng.step()
+    assert b.num_cached_tokens == 4 * PAGE and eng.proposer.pending_rows(a.seq_id) == 1  # written, one more since
+    while eng.has_unfinished():
+        eng.step()
+    assert b.output_ids == alone.output_ids
+    on, off = _drafts_of(p_on, b), _drafts_of(p_ref, alone)
+    assert len(on) >= 3 and on == {pos: off[pos] for pos in on}
+
+
 def test_a_hit_on_a_finished_request_reads_the_context_it_left_parked(pair):
     """A request that leaves without drafting owes its cached blocks their drafter context: the rows stay parked
     until a hit reads those blocks, which must then draft what it drafts without the cache."""
     t, d = pair
     system = list(range(20, 20 + 4 * PAGE))
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
-    ref = _engine(t, d, False)
-    p_ref = Probe(ref.engine)
-    alone = ref.engine.add_request(system + [9], sp)
-    while ref.engine.has_unfinished():
-        ref.engine.step()
+    alone, p_ref = _alone(t, d, system + [9], sp)
     eng = _engine(t, d, True).engine
     p_on = Probe(eng)
     a = eng.add_request(system + [7], SamplingParams(max_tokens=3, ignore_eos=True))
