@@ -253,3 +253,20 @@ def test_probes_are_rare_where_drafting_does_not_pay_at_the_engine_rate():
     assert best_draft_len(0.6, 7, 4, BF16_1T) == 0 < best_draft_len(0.9, 7, 4, BF16_1T)
     assert probes(0.6) == [64, 128, 192]
     assert probes(0.9)[:3] == [8, 24, 56]  # the doubling waits: 8, 16, 32
+
+
+def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
+    """Requests of 20 steps never wait max_gap: without the engine's own probe every max_gap iterations the
+    engine-wide acceptance (every new request's prior) would never learn what the drafter does on this traffic."""
+    pol = DraftLengthPolicy("adaptive", BF16_1T, probe_every=8, max_gap=64)
+    pol.engine_rate = AcceptanceEstimate(prior_p=0.6, prior_weight=1000.0, decay=1.0)
+    at = []
+    for _ in range(10):  # one request after another, 20 decode steps each, in a batch of 4
+        e = pol.new_estimate()
+        for _ in range(20):
+            pol.begin_iteration()
+            k = pol.choose(e, 7, 4)
+            if k:
+                at.append((pol.iteration, k))
+                pol.observe(e, k, 0)
+    assert at == [(64, 1), (128, 1), (192, 1)]

@@ -183,7 +183,9 @@ class DraftLengthPolicy:
     reset the wait: on hard text at batch 4-8 those probes cost ~4% of the throughput). Where drafting would not
     pay even at the engine-wide acceptance, the wait is `max_gap` from the first: at a batch whose verify rows
     cost, a probe (a drafter pass and verify rows for one likely token) is bought only for the chance that this
-    request's text is far easier than the rest, and requests of a few dozen steps never recover its cost. Probes
+    request's text is far easier than the rest, and requests of a few dozen steps never recover its cost. Where
+requests are too short to wait that long, the engine itself probes one request every `max_gap` iterations in
+which nothing drafted, so the engine-wide rate (every new request's prior) still learns. Probes
     fall on iterations that are multiples of `probe_every`, so requests that gave up share one drafter pass
     instead of each paying its fixed cost on a different step."""
 
@@ -191,6 +193,7 @@ class DraftLengthPolicy:
         self.mode, self.costs, self.probe_every, self.max_gap = mode, costs, probe_every, max_gap
         self.engine_rate = AcceptanceEstimate(decay=0.98)  # the prior of new requests
         self.iteration = 0
+        self.last_draft = 0  # the last iteration in which any request drafted (or probed)
 
     def begin_iteration(self) -> None:
         self.iteration += 1
@@ -216,6 +219,7 @@ class DraftLengthPolicy:
             k = 0
         if k > 0:
             est.idle = est.probe_gap = 0  # drafting pays again: a later give-up starts from short waits
+            self.last_draft = self.iteration
         else:
             est.idle += 1
             wait = est.probe_gap or self.probe_every
@@ -223,10 +227,14 @@ class DraftLengthPolicy:
             if (self.iteration % self.probe_every == 0 and est.idle >= wait
                     and best_draft_len(self.engine_rate.p, k_cap, batch, self.costs) == 0):
                 wait = self.max_gap  # drafting does not pay at the rate the drafter keeps on this traffic
-            if (est.idle >= wait and self.iteration % self.probe_every == 0
+            # requests shorter than max_gap never wait that long: the engine then probes one request itself
+            # every max_gap iterations, or its rate (the prior of every new request) could never learn
+            quiet = self.iteration - self.last_draft >= self.max_gap
+            if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0
                     and best_draft_len(HOPEFUL_P, k_cap, batch, self.costs) > 0):
                 est.idle, k, est.probing = 0, 1, True
                 est.probe_gap = est.probe_gap or self.probe_every
+                self.last_draft = self.iteration
         return k
 
 
