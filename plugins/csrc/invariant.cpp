@@ -835,10 +835,13 @@ BI_INLINE V16 reduce16(const V16* a) {
 
 #elif BI_KERNEL_PASS == 2  // ----------------------------------------------------------------- AVX2 + FMA
 static const char* const kIsaName = "avx2";
-// fp32 and bf16 panels run tiles of up to 6 rows one 16-column half at a time (lin_kernel_half); the other
-// panel kinds keep all 32 columns in registers, which 16 ymm registers allow for 3 rows
+// fp32, bf16 and 8-bit panels run tiles of several rows one 16-column half at a time (lin_kernel_half: 6 rows,
+// 5 with int8 codes and their scales, 4 with e4m3's widening constants too); bf16 k-pairs keep all 32 columns
+// in registers, which 16 ymm registers allow for 3 rows
 enum { MR_MAX = 6 };
-static inline int mr_max_for(int wt) { return wt == bi::F32 || wt == bi::BF16 ? MR_MAX : 3; }
+static inline int mr_max_for(int wt) {
+  return wt == bi::F32 || wt == bi::BF16 ? MR_MAX : wt == bi::I8 ? 5 : wt == bi::F8 ? 4 : 3;
+}
 static inline int np_for(int mr) { return mr == 1 ? 2 : 1; }
 
 struct V16 { __m256 lo, hi; };
@@ -1433,10 +1436,10 @@ static bool cpu_dpbf16() {
 #endif
 
 #if BI_KERNEL_PASS == 2
-// fp32 / bf16 panels on AVX2: the 2 x 16 columns of a panel as two passes over a block of k, each with one
-// 16-column half's accumulators (2 MR), its two widened weight vectors and a broadcast in 16 registers, so a
-// weight is loaded (and widened) once per MR rows; the second half's lines come from L1. The chains, and so
-// the bits, are lin_kernel's.
+// fp32 / bf16 / 8-bit panels on AVX2: the 2 x 16 columns of a panel as two passes over a block of k, each with
+// one 16-column half's accumulators (2 MR), its two widened weight vectors (and an 8-bit panel's two scale
+// vectors) and a broadcast in 16 registers, so a weight is loaded (and widened) once per MR rows; the second
+// half's lines come from L1. The chains, and so the bits, are lin_kernel's.
 template <int MR, int WK>
 static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, int64_t panel_stride, int64_t len,
                             float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
@@ -1446,6 +1449,7 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
   const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
   V16 acc[MR][1][2];
   for (int m = 0; m < MR; ++m) acc[m][0][0] = acc[m][0][1] = vzero();
+  constexpr bool bytes = WK == bi::F8 || WK == bi::I8;
   for (int64_t k0 = 0; k0 < len; k0 += KB) {
     const int64_t k1 = std::min(len, k0 + KB);
     for (int g = 0; g < 2; ++g) {
@@ -1454,11 +1458,16 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
       __m256* r0[MR];
       __m256* r1[MR];
       for (int m = 0; m < MR; ++m) {
-        if (WK == bi::F32) { r0[m] = &acc[m][0][g].lo; r1[m] = &acc[m][0][g].hi; }
+        if (WK != bi::BF16) { r0[m] = &acc[m][0][g].lo; r1[m] = &acc[m][0][g].hi; }
         else { r0[m] = g ? &acc[m][0][0].hi : &acc[m][0][0].lo; r1[m] = g ? &acc[m][0][1].hi : &acc[m][0][1].lo; }
       }
       __m256 a0[MR], a1[MR];
       for (int m = 0; m < MR; ++m) { a0[m] = *r0[m]; a1[m] = *r1[m]; }
+      __m256 s0 = _mm256_setzero_ps(), s1 = s0;  // 8-bit panels: the half's column scales
+      if (bytes) {
+        s0 = _mm256_loadu_ps(p.ws + pn0 * 32 + 16 * g);
+        s1 = _mm256_loadu_ps(p.ws + pn0 * 32 + 16 * g + 8);
+      }
 #pragma GCC unroll 2
       for (int64_t k = k0; k < k1; ++k) {
         __m256 w0, w1;
@@ -1470,6 +1479,14 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
             _mm_prefetch((const char*)((const float*)w + (k + 8) * 32), _MM_HINT_T0);
             _mm_prefetch((const char*)((const float*)w + (k + 8) * 32 + 16), _MM_HINT_T0);
           }
+        } else if (bytes) {  // = code value * scale, rounded once: the dequantised weight
+          const uint8_t* q = (const uint8_t*)w + k * 32 + 16 * g;
+          V16 c;
+          if (WK == bi::F8) c = f8_half16(q);
+          else c = {i8x8(q), i8x8(q + 8)};
+          w0 = _mm256_mul_ps(c.lo, s0);
+          w1 = _mm256_mul_ps(c.hi, s1);
+          if (g == 0 && k % 2 == 0) _mm_prefetch((const char*)((const uint8_t*)w + (k + 32) * 32), _MM_HINT_T0);
         } else {
           const __m256i u = _mm256_loadu_si256((const __m256i*)((const uint32_t*)w + k * 16 + 8 * g));
           w0 = _mm256_castsi256_ps(_mm256_and_si256(u, hi16));
@@ -1500,7 +1517,7 @@ static LinKernelFn lin_pick_np(int np) {
 #endif
 #if BI_KERNEL_PASS == 2
   // from 3 rows (6 chains of FMAs in flight); 2 rows fit lin_kernel in registers with 8
-  if ((WK == bi::F32 || WK == bi::BF16) && MR > 2) return &lin_kernel_half<MR, WK>;  // np_for(MR) == 1
+  if (WK != bi::BF16P && MR > 2) return &lin_kernel_half<MR, WK>;  // np_for(MR) == 1
 #endif
   if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 4, WK>;
   if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel<MR, 2, WK>;
