@@ -54,9 +54,11 @@ class MPIServer:
         self.log_path = log_path
         exe = shutil.which("dflash-serve")
         cmd = [exe] if exe else [sys.executable, "-m", "dflash_trt.server.cli"]
+        # every step drafts (--draft-len-policy fixed): the tiny drafter's pass costs ~2.5 target passes, so the
+        # adaptive policy rightly drafts little here, and the ranks' speculative steps are what is under test
         self.argv = ["mpirun", "-n", "2", *cmd, "--target", t, "--draft", d, "--port", str(self.port),
                      "--max-batch-size", "4", "--max-seq-len", str(MAX_SEQ_LEN), "--served-model-name", NAME,
-                     "--log-level", "warning"]
+                     "--draft-len-policy", "fixed", "--log-level", "warning"]
         env = dict(os.environ, OMP_NUM_THREADS="1", DFLASH_TP_TIMEOUT=str(LEASE_S))
         env.pop("DFLASH_API_KEY", None)
         self.log = open(log_path, "w")

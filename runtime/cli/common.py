@@ -30,6 +30,9 @@ def add_engine_args(p, default_max_tokens: int = 256, tensor_parallel: bool = Fa
     p.add_argument("--target", help="Hugging Face target checkpoint directory")
     p.add_argument("--draft", help="DFlash drafter directory (z-lab format)")
     p.add_argument("--max-draft-len", type=int, help="draft tokens per step (<= block_size - 1)")
+    p.add_argument("--draft-len-policy", choices=("adaptive", "fixed"), help="adaptive (default): each request's "
+                   "draft length from its acceptance and this machine's step costs, 0 where drafting would be slower "
+                   "than plain decoding; fixed: max-draft-len every step, as TensorRT-LLM drafts")
     p.add_argument("--spec", choices=("dflash", "ngram", "none"), help="speculative method: dflash (the "
                    "drafter; default), ngram (prompt lookup: drafts copied from the request's own earlier tokens, no "
                    "drafter needed), none (autoregressive)")
@@ -104,6 +107,8 @@ def engine_kwargs(args) -> dict:
             kw[k] = getattr(args, k)
     if args.max_draft_len is not None:
         kw["max_draft_len"] = args.max_draft_len
+    if args.draft_len_policy is not None:
+        kw["draft_len_policy"] = args.draft_len_policy
     if getattr(args, "tp_size", None) is not None:
         kw["tp_size"] = args.tp_size
     return kw

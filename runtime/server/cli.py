@@ -78,7 +78,7 @@ def _engine_defaults(args) -> dict:
             if v < 1:
                 raise DFlashError(f"--{k.replace('_', '-')} {v} must be a positive integer")
             kw[k] = v
-    for k in ("dtype", "device"):
+    for k in ("dtype", "device", "draft_len_policy"):
         if getattr(args, k):
             kw[k] = getattr(args, k)
     if args.tp_size is not None:
