@@ -21,6 +21,7 @@ and `draft_row` are those straight lines, `curve` and `draft_curve` the measured
 from __future__ import annotations
 
 import time
+from statistics import median
 
 import torch
 
@@ -67,16 +68,12 @@ def _costs(t: dict, runs: dict, pass_cost: bool) -> dict:
 
 def _median(rounds: list[dict]) -> dict:
     """Each figure's median over the rounds (the curves point by point)."""
-    def med(xs):
-        xs = sorted(xs)
-        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-
     out = {}
     for key, v in rounds[0].items():
         if isinstance(v, list):
-            out[key] = [(x, med([r[key][i][1] for r in rounds])) for i, (x, _) in enumerate(v)]
+            out[key] = [(x, median(r[key][i][1] for r in rounds)) for i, (x, _) in enumerate(v)]
         else:
-            out[key] = med([r[key] for r in rounds])
+            out[key] = median(r[key] for r in rounds)
     return out
 
 
