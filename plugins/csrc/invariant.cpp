@@ -117,7 +117,7 @@ struct AttnParams {
   const int64_t* q_len;
   const int64_t* kv_len;
   const int64_t* kv_off;
-  const int32_t* items;  // 4 per item: sequence, head, first row, end row (rows local to the sequence)
+  const int32_t* items;  // 5 per item: sequence, first head, heads, first row, end row (rows local to it)
   int64_t max_kv;
   float scale;
   bool causal;
@@ -644,17 +644,21 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
     for (int64_t i = 0; i < nslots; ++i)
       TORCH_CHECK(s[i] >= 0 && s[i] < S, "bi_paged_attention: kv slot ", s[i], " out of range [0, ", S, ")");
   }
-  // items: (sequence, head, block of <= 16 rows); a sequence's items are adjacent, blocks outer, heads inner
-  constexpr int64_t RB = 16;
+  // items: (sequence, first head, heads, first row, end row): up to 16 query heads of one KV group, for as many
+  // rows as keep the item at <= 16 queries. A sequence's items are adjacent, rows outer, heads inner.
+  constexpr int64_t QMAX = 16;
+  const int64_t G = H / KVH, HB = std::min(G, QMAX), RB = std::max<int64_t>(1, QMAX / HB);
   std::vector<int32_t> items;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t r0 = 0; r0 < qlp[b]; r0 += RB)
-      for (int64_t h = 0; h < H; ++h) {
-        items.push_back((int32_t)b);
-        items.push_back((int32_t)h);
-        items.push_back((int32_t)r0);
-        items.push_back((int32_t)std::min(qlp[b], r0 + RB));
-      }
+      for (int64_t g = 0; g < KVH; ++g)
+        for (int64_t hh = 0; hh < G; hh += HB) {
+          items.push_back((int32_t)b);
+          items.push_back((int32_t)(g * G + hh));
+          items.push_back((int32_t)std::min(HB, G - hh));
+          items.push_back((int32_t)r0);
+          items.push_back((int32_t)std::min(qlp[b], r0 + RB));
+        }
   at::Tensor out = at::zeros({T, H, D}, q.options());
   AttnParams p{};
   p.q = qf.data_ptr<float>();
@@ -667,10 +671,10 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   p.scale = (float)scale;
   p.causal = causal;
   p.out = out.data_ptr(); p.ot = ot;
-  const int64_t n_items = (int64_t)items.size() / 4;
+  const int64_t n_items = (int64_t)items.size() / 5;
   if (n_items == 0) return out;
   const Kernels& k = K();
-  const int64_t scr = RB * (((std::max<int64_t>(max_kv, 1) + 15) / 16) * 16 + 16);
+  const int64_t scr = QMAX * (((std::max<int64_t>(max_kv, 1) + 15) / 16) * 16 + 16);
   int Tn = nthreads();
   if (n_items < 2 || double(T) * double(max_kv) * double(H * D) < 2.0e5) Tn = 1;
   Tn = (int)std::min<int64_t>(Tn, n_items);
@@ -944,11 +948,19 @@ BI_INLINE float hmax(V16 a) {
   for (int i = 1; i < 16; ++i) m = t[i] > m ? t[i] : m;
   return m;
 }
-BI_INLINE V16 reduce16(const V16* a) {
-  alignas(32) float t[16];
-  for (int j = 0; j < 16; ++j) t[j] = hsum(a[j]);
-  return vload(t);
+// out lane j = hsum(a[j]) with the same tree as hsum, 8 vectors per ymm (transpose-reduce)
+BI_INLINE __m256 reduce8(const V16* a) {
+  __m256 r8[8], u[4], v[2];
+  for (int j = 0; j < 8; ++j) r8[j] = _mm256_add_ps(a[j].lo, a[j].hi);         // lanes i, i+8
+  for (int j = 0; j < 4; ++j)                                                    // lanes i, i+4: [j | j+4]
+    u[j] = _mm256_add_ps(_mm256_permute2f128_ps(r8[j], r8[j + 4], 0x20),
+                         _mm256_permute2f128_ps(r8[j], r8[j + 4], 0x31));
+  for (int j = 0; j < 2; ++j)                                                    // lanes i, i+2: [2j, 2j+1 | ..]
+    v[j] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * j], u[2 * j + 1], 0x44),
+                         _mm256_shuffle_ps(u[2 * j], u[2 * j + 1], 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], 0x88), _mm256_shuffle_ps(v[0], v[1], 0xDD));  // lanes 0, 1
 }
+BI_INLINE V16 reduce16(const V16* a) { return {reduce8(a), reduce8(a + 8)}; }
 
 #else  // ---------------------------------------------------------------------------------------- portable
 static const char* const kIsaName = "scalar";
@@ -1793,33 +1805,47 @@ static void silu_rows(const SiluParams& p, int64_t r0, int64_t r1) {
   if (p.t == bi::BF16) silu_rows_t<true>(p, r0, r1); else silu_rows_t<false>(p, r0, r1);
 }
 
-// ---- paged attention: one (sequence, head, block of <= 16 query rows) item at a time ----------------------
+// ---- paged attention: one item = some rows of one sequence for the query heads of one KV group ---------------
+// Query q of an item is row r0 + q / nh of its sequence, head h0 + q % nh. All of an item's queries read the
+// same K/V rows, so they share every key and value load (and its widening from bf16). A query's arithmetic does
+// not depend on its item or its neighbours: a score is one fma chain over the D slices in order, then hsum16;
+// the softmax and the PV sum run over keys in ascending order. Grouping therefore changes no bit.
 // NDV: 16-lane slices of D. FULL: D == 16 * NDV (plain loads); otherwise the slices are masked (lanes past D
 // load as 0 and add nothing). Which (NDV, FULL) runs is a function of D alone.
 
-enum { ATT_RB = 16 };  // query rows per item
+enum { ATT_Q = 16 };  // queries per item
+
+#if BI_KERNEL_PASS == 1
+// 32 zmm registers: queries' slices stay in registers, and PV covers all of D in one pass
+template <int NDV>
+struct AttQS { enum { v = NDV <= 4 ? 4 : (NDV <= 8 ? 2 : 1) }; };
+template <int NDV>
+struct AttQB { enum { v = NDV <= 3 ? 8 : (NDV == 4 ? 6 : (NDV <= 6 ? 4 : (NDV <= 8 ? 3 : 1))) }; };
+template <int NDV>
+struct AttNS { enum { v = NDV }; };
+#elif BI_KERNEL_PASS == 2
+// 16 ymm registers: a score keeps one widened key slice and one accumulator per query (the query slices are
+// fma memory operands); PV runs one 16-lane slice of D at a time for 4 queries (8 accumulators)
+template <int NDV>
+struct AttQS { enum { v = 4 }; };
+template <int NDV>
+struct AttQB { enum { v = 4 }; };
+template <int NDV>
+struct AttNS { enum { v = 1 }; };
+#else
+template <int NDV>
+struct AttQS { enum { v = 1 }; };
+template <int NDV>
+struct AttQB { enum { v = 1 }; };
+template <int NDV>
+struct AttNS { enum { v = NDV }; };
+#endif
 
 template <bool CBF, bool FULL>
 BI_INLINE V16 ldk(const void* base, int64_t off, int n) {
   if (FULL) return ld<CBF>(base, off);
   return ld_n<CBF>(base, off, n);
 }
-
-#if BI_KERNEL_PASS == 1
-template <int NDV>
-struct AttQB { enum { v = NDV <= 3 ? 8 : (NDV == 4 ? 6 : (NDV <= 6 ? 4 : (NDV <= 8 ? 3 : 1))) }; };
-#else
-template <int NDV>
-struct AttQB { enum { v = 1 }; };
-#endif
-
-#if BI_KERNEL_PASS == 1
-template <int NDV>
-struct AttQS { enum { v = NDV <= 4 ? 4 : (NDV <= 8 ? 2 : 1) }; };
-#else
-template <int NDV>
-struct AttQS { enum { v = 1 }; };
-#endif
 
 // scores of QS queries against nb (<= 16) keys: lane j of row q = hsum16(fma chain over D slices) * scale
 template <int NDV, bool FULL, int QS, bool CBF>
@@ -1830,78 +1856,98 @@ static void att_scores(const AttnParams& p, const int* dn, const int64_t* koff, 
     for (int dv = 0; dv < NDV; ++dv) qv[q][dv] = ldk<false, FULL>(p.q, qoff[q] + dv * 16, dn[dv]);
   V16 a[QS][16];
   for (int jj = 0; jj < 16; ++jj) {
+    V16 acc[QS];
+    for (int q = 0; q < QS; ++q) acc[q] = vzero();
     if (jj < nb) {
-      V16 kv[NDV];
-      for (int dv = 0; dv < NDV; ++dv) kv[dv] = ldk<CBF, FULL>(p.kc, koff[jj] + dv * 16, dn[dv]);
-      for (int q = 0; q < QS; ++q) {
-        V16 acc = vzero();
-        for (int dv = 0; dv < NDV; ++dv) acc = vfma(qv[q][dv], kv[dv], acc);
-        a[q][jj] = acc;
+      for (int dv = 0; dv < NDV; ++dv) {
+        const V16 kv = ldk<CBF, FULL>(p.kc, koff[jj] + dv * 16, dn[dv]);
+        for (int q = 0; q < QS; ++q) acc[q] = vfma(qv[q][dv], kv, acc[q]);
       }
-    } else {
-      for (int q = 0; q < QS; ++q) a[q][jj] = vzero();
     }
+    for (int q = 0; q < QS; ++q) a[q][jj] = acc[q];
   }
   for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
 }
 
-// PV for exactly QB queries: o_q = sum_{j < nk_q} p_qj v_j over j ascending, then / l_q
-template <int NDV, bool FULL, int QB, bool CBF>
-static void att_pv(const AttnParams& p, const int* dn, const int64_t* voff, const int64_t* nk, float* const* sc,
-                   const float* l, const int64_t* orow) {
-  V16 o[QB][NDV];
+// the scores of n (1..QS) queries: the widest instantiation that fits
+template <int NDV, bool FULL, int QS, bool CBF>
+BI_INLINE int att_scores_upto(int n, const AttnParams& p, const int* dn, const int64_t* koff, int nb,
+                              const int64_t* qoff, float* const* sc, int64_t j0, V16 scale) {
+  if constexpr (QS > 1) {
+    if (n < QS) return att_scores_upto<NDV, FULL, QS - 1, CBF>(n, p, dn, koff, nb, qoff, sc, j0, scale);
+  }
+  att_scores<NDV, FULL, QS, CBF>(p, dn, koff, nb, qoff, sc, j0, scale);
+  return QS;
+}
+
+// PV for exactly QB queries on the NS slices of D from dv0: o_q = sum_{j < nk_q} p_qj v_j over j ascending,
+// then / l_q
+template <int NDV, bool FULL, int QB, int NS, bool CBF>
+static void att_pv(const AttnParams& p, const int* dn, int dv0, const int64_t* voff, const int64_t* nk,
+                   float* const* sc, const float* l, const int64_t* orow) {
+  V16 o[QB][NS];
   for (int q = 0; q < QB; ++q)
-    for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vzero();
+    for (int s = 0; s < NS; ++s) o[q][s] = vzero();
   int64_t jmin = nk[0], jmax = nk[0];
   for (int q = 1; q < QB; ++q) { jmin = std::min(jmin, nk[q]); jmax = std::max(jmax, nk[q]); }
   const float* s[QB];
   for (int q = 0; q < QB; ++q) s[q] = sc[q];
   for (int64_t j = 0; j < jmin; ++j) {
-    V16 v[NDV];
-    for (int dv = 0; dv < NDV; ++dv) v[dv] = ldk<CBF, FULL>(p.vc, voff[j] + dv * 16, dn[dv]);
+    V16 v[NS];
+    for (int d = 0; d < NS; ++d) v[d] = ldk<CBF, FULL>(p.vc, voff[j] + (dv0 + d) * 16, dn[dv0 + d]);
     for (int q = 0; q < QB; ++q) {
       const V16 pj = vset1(s[q][j]);
-      for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vfma(pj, v[dv], o[q][dv]);
+      for (int d = 0; d < NS; ++d) o[q][d] = vfma(pj, v[d], o[q][d]);
     }
   }
   for (int64_t j = jmin; j < jmax; ++j) {  // causal triangle: not every query sees key j
-    V16 v[NDV];
-    for (int dv = 0; dv < NDV; ++dv) v[dv] = ldk<CBF, FULL>(p.vc, voff[j] + dv * 16, dn[dv]);
+    V16 v[NS];
+    for (int d = 0; d < NS; ++d) v[d] = ldk<CBF, FULL>(p.vc, voff[j] + (dv0 + d) * 16, dn[dv0 + d]);
     for (int q = 0; q < QB; ++q) {
       if (j < nk[q]) {
         const V16 pj = vset1(s[q][j]);
-        for (int dv = 0; dv < NDV; ++dv) o[q][dv] = vfma(pj, v[dv], o[q][dv]);
+        for (int d = 0; d < NS; ++d) o[q][d] = vfma(pj, v[d], o[q][d]);
       }
     }
   }
   for (int q = 0; q < QB; ++q) {
     if (nk[q] <= 0) continue;
     const V16 lv = vset1(l[q]);
-    for (int dv = 0; dv < NDV; ++dv) {
-      const V16 r = vdiv(o[q][dv], lv);
-      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + dv * 16, r, dn[dv]);
-      else st_n<false>(p.out, orow[q] + dv * 16, r, dn[dv]);
+    for (int d = 0; d < NS; ++d) {
+      const V16 r = vdiv(o[q][d], lv);
+      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, dn[dv0 + d]);
+      else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, dn[dv0 + d]);
     }
   }
 }
 
+template <int NDV, bool FULL, int QB, int NS, bool CBF>
+BI_INLINE int att_pv_upto(int n, const AttnParams& p, const int* dn, int dv0, const int64_t* voff,
+                          const int64_t* nk, float* const* sc, const float* l, const int64_t* orow) {
+  if constexpr (QB > 1) {
+    if (n < QB) return att_pv_upto<NDV, FULL, QB - 1, NS, CBF>(n, p, dn, dv0, voff, nk, sc, l, orow);
+  }
+  att_pv<NDV, FULL, QB, NS, CBF>(p, dn, dv0, voff, nk, sc, l, orow);
+  return QB;
+}
+
 template <int NDV, bool FULL, bool CBF>
 static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, int64_t sc_stride) {
-  const int64_t b = it[0], h = it[1], r0 = it[2], r1 = it[3];
+  const int64_t b = it[0], h0 = it[1], nh = it[2], r0 = it[3], r1 = it[4];
   const int64_t D = p.D;
   const int64_t L = p.kv_len[b], ql = p.q_len[b];
-  const int64_t g = h / (p.H / p.KVH);
+  const int64_t g = h0 / (p.H / p.KVH);
   const int64_t cs = p.KVH * D;
   const int64_t* slots = p.slots + p.kv_off[b];
-  const int nq = (int)(r1 - r0);
+  const int nq = (int)((r1 - r0) * nh);
   int dn[NDV];
   for (int dv = 0; dv < NDV; ++dv) dn[dv] = (int)std::max<int64_t>(0, std::min<int64_t>(16, D - dv * 16));
-  int64_t nk[ATT_RB], qoff[ATT_RB];
-  float* sc[ATT_RB];
-  float lsum[ATT_RB];
+  int64_t nk[ATT_Q], qoff[ATT_Q];
+  float* sc[ATT_Q];
+  float lsum[ATT_Q];
   int64_t nk_max = 0;
   for (int q = 0; q < nq; ++q) {
-    const int64_t i = r0 + q;
+    const int64_t i = r0 + q / nh, h = h0 + q % nh;
     nk[q] = p.causal ? (L - ql + i + 1) : L;
     qoff[q] = ((p.q_start[b] + i) * p.H + h) * D;
     sc[q] = scratch + q * sc_stride;
@@ -1918,9 +1964,8 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   constexpr int QS = AttQS<NDV>::v;
   for (int64_t j0 = 0; j0 < nk_max; j0 += 16) {
     const int nb = (int)std::min<int64_t>(16, nk_max - j0);
-    int q0 = 0;
-    for (; q0 + QS <= nq; q0 += QS) att_scores<NDV, FULL, QS, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
-    for (; q0 < nq; ++q0) att_scores<NDV, FULL, 1, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+    for (int q0 = 0; q0 < nq;)
+      q0 += att_scores_upto<NDV, FULL, QS, CBF>(nq - q0, p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
   }
   // softmax numerators and their sums, per query
   for (int q = 0; q < nq; ++q) {
@@ -1943,34 +1988,36 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
     }
     lsum[q] = hsum(acc);
   }
-  // PV, QB queries at a time (their accumulators stay in registers), then pairs, then singles
-  constexpr int QB = AttQB<NDV>::v;
-  int q0 = 0;
-  for (; q0 + QB <= nq; q0 += QB) att_pv<NDV, FULL, QB, CBF>(p, dn, koff, nk + q0, sc + q0, lsum + q0, qoff + q0);
-  if (QB > 2)
-    for (; q0 + 2 <= nq; q0 += 2) att_pv<NDV, FULL, (QB > 2 ? 2 : 1), CBF>(p, dn, koff, nk + q0, sc + q0, lsum + q0, qoff + q0);
-  for (; q0 < nq; ++q0) att_pv<NDV, FULL, 1, CBF>(p, dn, koff, nk + q0, sc + q0, lsum + q0, qoff + q0);
+  // PV, QB queries at a time (their accumulators stay in registers), NS slices of D per pass; slices wholly
+  // past D are skipped
+  constexpr int QB = AttQB<NDV>::v, NS = AttNS<NDV>::v;
+  for (int dv0 = 0; dv0 < NDV && dn[dv0] > 0; dv0 += NS)
+    for (int q0 = 0; q0 < nq;)
+      q0 += att_pv_upto<NDV, FULL, QB, NS, CBF>(nq - q0, p, dn, dv0, koff, nk + q0, sc + q0, lsum + q0,
+                                                qoff + q0);
 }
 
 template <int NDV, bool FULL>
 static void attn_range(const AttnParams& p, int64_t i0, int64_t i1, float* sc) {
   const int64_t stride = ((std::max<int64_t>(p.max_kv, 1) + 15) / 16) * 16 + 16;
   for (int64_t it = i0; it < i1; ++it) {
-    if (p.ct == bi::BF16) attn_item<NDV, FULL, true>(p, p.items + 4 * it, sc, stride);
-    else attn_item<NDV, FULL, false>(p, p.items + 4 * it, sc, stride);
+    if (p.ct == bi::BF16) attn_item<NDV, FULL, true>(p, p.items + 5 * it, sc, stride);
+    else attn_item<NDV, FULL, false>(p, p.items + 5 * it, sc, stride);
   }
 }
 
 static void attn_items(const AttnParams& p, int64_t i0, int64_t i1, float* sc) {
   // Slices of D past its end are zero and add exactly nothing (an fma chain from +0 never holds -0), so a
   // rounded-up masked instantiation gives the same bits as an exact one: the fallbacks keep code small.
-#if BI_KERNEL_PASS == 1
+#if BI_KERNEL_PASS != 3
   if (p.D % 16 == 0) {
     switch (p.D / 16) {
       case 2: return attn_range<2, true>(p, i0, i1, sc);
       case 4: return attn_range<4, true>(p, i0, i1, sc);
       case 8: return attn_range<8, true>(p, i0, i1, sc);
+#if BI_KERNEL_PASS == 1
       case 16: return attn_range<16, true>(p, i0, i1, sc);
+#endif
       default: break;
     }
   }
