@@ -7,8 +7,9 @@ every output element with one fixed sequence of fp32 operations that depends onl
 
 * linear: y[m, n] = tree over k_splits equal contiguous K chunks of (an FMA chain over k ascending, from +0),
   tree = ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)), then + bias. Weight panels in fp32, bf16, e4m3 or int8; the
-  8-bit ones are dequantised in registers (code * column scale, rounded once), so a row's result is bitwise
-  that of the fp32 panels of the dequantised weight while a decode step streams one byte per weight. A
+  8-bit ones are widened in registers, the chains run over the codes' exact values and each chunk's partial
+  is scaled once by its column's scale (W8A16: the dequantised weight to fp32 rounding, with no multiply per
+  weight) while a decode step streams one byte per weight. A
   tensor-parallel rank owning an aligned block of chunks computes the matching subtree (`linear_partial`),
   and `tree_sum` of the ranks' partials in rank order is bitwise the full result.
 * rms_norm: 16-lane FMA sum of squares, fixed horizontal tree, 1/sqrtf(mean + eps), HF casting rules.
@@ -120,8 +121,9 @@ def _whole_panels(w: torch.Tensor) -> torch.Tensor:
 
 
 def pack_linear_fp8(weight: torch.Tensor, scale: torch.Tensor) -> PackedLinear:
-    """Keep a float8_e4m3fn weight [N, K] quantized: 1 byte per weight, and y bitwise equal to the fp32 kernel
-    on the dequantised weight (weight.float() * scale, scale a scalar or one per output row)."""
+    """Keep a float8_e4m3fn weight [N, K] quantized: 1 byte per weight, y that of the dequantised weight
+    (weight.float() * scale, scale a scalar or one per output row) to fp32 rounding: the chains run over the
+    e4m3 values / 256 (exact), each chunk's partial times scale * 256."""
     assert weight.dim() == 2 and weight.dtype == torch.float8_e4m3fn, "weight must be float8_e4m3fn [N, K]"
     n, k = weight.shape
     p = (n + PANEL - 1) // PANEL
@@ -157,9 +159,10 @@ def _int8_padded(weight: torch.Tensor, scale: torch.Tensor | None) -> tuple[torc
 
 
 def pack_linear_int8(weight: torch.Tensor, scale: torch.Tensor | None = None) -> PackedLinear:
-    """int8 panels (W8A16): 1 byte per weight, dequantised in registers, y bitwise equal to the fp32 kernel on
-    the dequantised weight (codes.float() * scale, one fp32 rounding). weight: a float [N, K] (quantised with
-    quantize_int8), or int8 codes [N, K] with their scale (one per output row)."""
+    """int8 panels (W8A16): 1 byte per weight, widened in registers, the chains over the codes and each chunk's
+    partial times the row's scale: y that of the dequantised weight (codes.float() * scale) to fp32 rounding.
+    weight: a float [N, K] (quantised with quantize_int8), or int8 codes [N, K] with their scale (one per
+    output row)."""
     w, s, n = _int8_padded(weight, scale)
     k = w.shape[1]
     return PackedLinear(w.view(-1, PANEL, k).permute(0, 2, 1).contiguous(), n, k, s)

@@ -5,9 +5,9 @@ A ModelOpt FP8 export stores each linear's weight as float8_e4m3fn with a per-te
 then the engine keeps the FP8 linears in FP8 in one of two ways:
 
 - CPU, batch-invariant kernels (`keep_fp8_weights`): each FP8 linear is re-packed from the checkpoint as e4m3
-  panels (plugins/invariant.py `pack_linear_fp8`). The kernel widens e4m3 exactly and multiplies by the scale
-  once, which is exactly the dequantised weight, so logits are bitwise those of the dequantised path while a
-  memory-bound decode step streams a quarter of the bytes.
+  panels (plugins/invariant.py `pack_linear_fp8`). The kernel widens e4m3 exactly, sums over the codes' values
+  and scales each chunk's sum once, so logits are those of the dequantised path to fp32 rounding (no scale
+  multiply per weight) while a memory-bound decode step streams a quarter of the bytes.
 - native FP8 GEMMs (`use_fp8_matmul`, GPUs with FP8 tensor cores, or forced with `fp8_compute=True`): weight
   and activations in e4m3 through `torch._scaled_mm` (runtime/ops.py `fp8_linear`), as TensorRT-LLM runs the
   same checkpoint. Activations are rounded to e4m3 too, so logits move by the format's error, not bitwise.

@@ -15,9 +15,9 @@ its head (lm_head, or the tied embedding matrix as a head) are packed again:
 - "bf16": the weights rounded once to bf16 (round to nearest even), 2 bytes per weight.
 - "auto": as the checkpoint loads (fp32 panels, bf16 panels for bf16-valued weights, kept FP8 checkpoints).
 
-Every one of them but w8a8 is bitwise the fp32 kernel on its dequantised weight, and all of them are
-batch-invariant (a row's result never depends on the other rows, their number or the threads), so greedy DFlash
-stays token-identical to AR at the same setting; the logits move by the format's rounding of the weights (what
+The 8-bit W8A16 ones sum over the codes and scale each K chunk's sum once (the dequantised weight to fp32
+rounding, without a multiply per weight), and all of them are batch-invariant (a row's result never depends
+on the other rows, their number or the threads), so greedy DFlash stays token-identical to AR at the same setting; the logits move by the format's rounding of the weights (what
 it costs: benchmarks/quantized_agreement.py --weights). Embeddings looked up by token, norms and the drafter's
 own layers keep the checkpoint's values (the drafter shares the target's head, as always). Linears a kept FP8
 checkpoint already holds in FP8 stay as they are. Under tensor parallelism only "bf16" applies: a row-parallel

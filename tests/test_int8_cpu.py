@@ -1,10 +1,12 @@
-"""int8 weight panels (W8A16) and the `weights` load option: the int8 kernel is bitwise the fp32 kernel on the
-dequantised weight (every SIMD path, any batch), and an engine loaded with weights="int8" decodes greedy DFlash
+"""int8 weight panels (W8A16) and the `weights` load option: the int8 kernel is bitwise the W8A16 contract (the
+fp32 kernel's chains over the codes, each chunk scaled once; every SIMD path, any batch) and within fp32
+rounding of the dequantised weight, and an engine loaded with weights="int8" decodes greedy DFlash
 token for token as its own AR, from a quarter of the target's weight bytes."""
 import pytest
 import torch
 
 import tiny
+import w8a16
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.errors import DFlashError
 from dflash_trt.plugins import invariant as bi
@@ -32,27 +34,30 @@ def test_quantize_int8_is_per_row_symmetric_round_to_nearest():
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
-def test_int8_panels_are_bitwise_the_dequantised_weight(isa):
+def test_int8_panels_are_bitwise_the_w8a16_contract_and_close_to_the_dequantised_weight(isa):
     if bi.set_isa(isa) != isa:
         pytest.skip(f"{isa} not available on this CPU")
     g = torch.Generator().manual_seed(0)
     for n, k in [(37, 64), (96, 576), (5, 9), (64, 40)]:
         w = torch.randn(n, k, generator=g) * 3
         w[0, :4] = torch.tensor([-1e3, 1e3, 0.0, -0.0])  # codes -127 and 127 (and 0) in the first row
-        deq = _deq(w)
-        p32, p8 = bi.pack_linear(deq), bi.pack_linear_int8(w)
+        q, s = bi.quantize_int8(w)
+        p32, p8 = bi.pack_linear(_deq(w)), bi.pack_linear_int8(w)
         assert p8.data.dtype == torch.int8 and p8.data.numel() == p32.data.numel()  # 1 byte, not 4
         assert p8.nbytes() == p8.data.numel() + 4 * p8.data.shape[0] * 32
         for m in (1, 3, 8, 17):
             x = torch.randn(m, k, generator=g)
             bias = torch.randn(n, generator=g)
             for ks in (1, 2) if k % 2 == 0 else (1,):
-                assert torch.equal(bi.linear(x, p32, bias, ks), bi.linear(x, p8, bias, ks)), (isa, n, k, m, ks)
+                y = bi.linear(x, p8, bias, ks)
+                assert torch.equal(y, w8a16.reference(x, q.float(), s, bias, ks)), (isa, n, k, m, ks)
+                w8a16.assert_close(y, bi.linear(x, p32, bias, ks), x, _deq(w))
             xb = x.to(torch.bfloat16)
-            assert torch.equal(bi.linear(xb, p32), bi.linear(xb, p8))
+            assert torch.equal(bi.linear(xb, p8), w8a16.reference(xb, q.float(), s))
         if k % 8 == 0:  # tensor-parallel partial sums of the chunks too
             x = torch.randn(4, k, generator=g)
-            assert torch.equal(bi.linear_partial(x, p32, 2, 4, 8), bi.linear_partial(x, p8, 2, 4, 8))
+            assert torch.equal(bi.linear_partial(x, p8, 2, 4, 8),
+                               w8a16.reference(x, q.float(), s, k_splits=8, chunks=range(2, 4)))
     bi.set_isa("auto")
 
 

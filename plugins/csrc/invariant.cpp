@@ -8,6 +8,9 @@
 //   linear    y[m,n] = tree_c( fma-chain_{k in chunk c, ascending}(x[m,k] * w[n,k]) ) (+ bias[n])
 //             chunks: K split into k_splits equal contiguous ranges; tree = pairwise levels
 //             ((c0+c1)+(c2+c3))+((c4+c5)+(c6+c7)). Each fma chain starts from +0.
+//   W8A16     (int8 codes q or e4m3 bytes with per-column scales) the chains run over the codes' exact values
+//             (q, or e4m3 / 256) and each chunk's partial is scaled once before the tree:
+//             partial_c = fma-chain_{k in c}(x[m,k] * code[n,k]) * ws[n] (ws = scale, e4m3: scale * 256)
 //   BF16 pairs (int16 panels of bf16 k-pairs) x is rounded to bf16 (nearest even) and the chain runs over the
 //             chunk's k-pairs, the odd k before the even one: acc = fma(x[2q], w[2q], fma(x[2q+1], w[2q+1],
 //             acc)), which is what AVX512-BF16's vdpbf16ps computes (the products of bf16 numbers are exact in
@@ -70,8 +73,8 @@ struct LinParams {
   const void* w;    // packed panels: f32 [P][K][32], bf16 pairs [P][K][16] (u32 = hi:col j, lo:col j+16)
                     // or e4m3 / int8 bytes [P][K][32]
   int wt;
-  const float* ws;  // F8: per-column scale * 256 [P * 32] (weight = e4m3/256 * ws, one rounding);
-                    // I8: per-column scale [P * 32] (weight = q * ws, one rounding)
+  const float* ws;  // F8: per-column scale * 256 [P * 32] (code value e4m3/256, exact), I8: per-column scale
+                    // [P * 32] (code value q); a chunk's partial = (its chain over the code values) * ws
   int64_t K;        // packed K (panel length)
   int64_t wk0;      // k of the packed weights where the first chunk starts
   int64_t N;        // true output columns
@@ -1283,6 +1286,17 @@ BI_INLINE void lin_finish(const LinParams& p, V16 (&acc)[MR][NP][2], float* acc_
     }
 }
 
+// 8-bit panels: a chunk's partials, chains over the codes' exact values, times their column's scale (one
+// rounding), before the tree
+template <int MR, int NP>
+BI_INLINE void lin_scale(const LinParams& p, V16 (&acc)[MR][NP][2], int64_t pn0) {
+  for (int j = 0; j < NP; ++j)
+    for (int h = 0; h < 2; ++h) {
+      const V16 s = vload(p.ws + (pn0 + j) * 32 + 16 * h);
+      for (int m = 0; m < MR; ++m) acc[m][j][h] = vmul(acc[m][j][h], s);
+    }
+}
+
 // Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
 // xv: the tile's x packed k-major at the chunk's first k (fp32 xc[k * MR + m]; for BF16P bf16 k-pairs, the
 // pair q of row m at xh[2 (q * MR + m)], even k first); w: panel pn0 at that k.
@@ -1318,14 +1332,9 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
     for (int j = 0; j < NP; ++j)
       for (int h = 0; h < 2; ++h)
         acc[m][j][h] = vzero();
-  if (WK == bi::F8 || WK == bi::I8) {
+  if (WK == bi::F8 || WK == bi::I8) {  // the chains run over the codes' values; lin_scale scales the partials
     const uint8_t* wp[NP];
-    V16 sc[NP][2];  // per-column scale (* 256 for e4m3)
-    for (int j = 0; j < NP; ++j) {
-      wp[j] = (const uint8_t*)w + j * panel_stride;
-      sc[j][0] = vload(p.ws + (pn0 + j) * 32);
-      sc[j][1] = vload(p.ws + (pn0 + j) * 32 + 16);
-    }
+    for (int j = 0; j < NP; ++j) wp[j] = (const uint8_t*)w + j * panel_stride;
 #pragma GCC unroll 2
     for (int64_t k = 0; k < len; ++k) {
       V16 b[NP][2];
@@ -1333,8 +1342,6 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
         if (WK == bi::F8) vload_f8x32(wp[j] + k * 32, b[j][0], b[j][1]);
         else vload_i8x32(wp[j] + k * 32, b[j][0], b[j][1]);
         if (k % 2 == 0) _mm_prefetch((const char*)(wp[j] + (k + 32) * 32), _MM_HINT_T0);
-        b[j][0] = vmul(b[j][0], sc[j][0]);  // = code value * scale, rounded once: the dequantised weight
-        b[j][1] = vmul(b[j][1], sc[j][1]);
       }
       for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
@@ -1403,6 +1410,7 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
       }
     }
   }
+  if (WK == bi::F8 || WK == bi::I8) lin_scale<MR, NP>(p, acc, pn0);
   lin_finish<MR, NP>(p, acc, acc_out, chunk_stride, done, m0, pn0);
 }
 
@@ -1475,11 +1483,6 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
       }
       __m256 a0[MR], a1[MR];
       for (int m = 0; m < MR; ++m) { a0[m] = *r0[m]; a1[m] = *r1[m]; }
-      __m256 s0 = _mm256_setzero_ps(), s1 = s0;  // 8-bit panels: the half's column scales
-      if (bytes) {
-        s0 = _mm256_loadu_ps(p.ws + pn0 * 32 + 16 * g);
-        s1 = _mm256_loadu_ps(p.ws + pn0 * 32 + 16 * g + 8);
-      }
 #pragma GCC unroll 2
       for (int64_t k = k0; k < k1; ++k) {
         __m256 w0, w1;
@@ -1491,13 +1494,13 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
             _mm_prefetch((const char*)((const float*)w + (k + 8) * 32), _MM_HINT_T0);
             _mm_prefetch((const char*)((const float*)w + (k + 8) * 32 + 16), _MM_HINT_T0);
           }
-        } else if (bytes) {  // = code value * scale, rounded once: the dequantised weight
+        } else if (bytes) {  // the codes' values (lin_scale scales the partials)
           const uint8_t* q = (const uint8_t*)w + k * 32 + 16 * g;
           V16 c;
           if (WK == bi::F8) c = f8_half16(q);
           else c = {i8x8(q), i8x8(q + 8)};
-          w0 = _mm256_mul_ps(c.lo, s0);
-          w1 = _mm256_mul_ps(c.hi, s1);
+          w0 = c.lo;
+          w1 = c.hi;
           if (g == 0 && k % 2 == 0) _mm_prefetch((const char*)((const uint8_t*)w + (k + 32) * 32), _MM_HINT_T0);
         } else {
           const __m256i u = _mm256_loadu_si256((const __m256i*)((const uint32_t*)w + k * 16 + 8 * g));
@@ -1514,6 +1517,7 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
       for (int m = 0; m < MR; ++m) { *r0[m] = a0[m]; *r1[m] = a1[m]; }
     }
   }
+  if (bytes) lin_scale<MR, 1>(p, acc, pn0);
   lin_finish<MR, 1>(p, acc, acc_out, chunk_stride, done, m0, pn0);
 }
 #endif
