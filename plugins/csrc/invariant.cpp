@@ -679,7 +679,8 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   const Kernels& k = K();
   const int64_t scr = QMAX * (((std::max<int64_t>(max_kv, 1) + 15) / 16) * 16 + 16);
   int Tn = nthreads();
-  if (n_items < 2 || double(T) * double(max_kv) * double(H * D) < 2.0e5) Tn = 1;
+  // below ~100 keys of a 576-wide decode row the fork/join costs what a second thread saves
+  if (n_items < 2 || double(T) * double(max_kv) * double(H * D) < 6.0e4) Tn = 1;
   Tn = (int)std::min<int64_t>(Tn, n_items);
   std::vector<float> scratch((size_t)scr * Tn);
   if (Tn == 1) {
