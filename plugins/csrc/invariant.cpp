@@ -36,8 +36,8 @@
 // "amx" is the AVX-512 pass with W8A8 sums on AMX-INT8 tiles, exact like every other path.
 //
 // OpenMP splits work over output tiles (linear: panels of 32 columns and row ranges; norm/silu: rows;
-// attention: (sequence, head, block of <= 16 query rows) items); a reduction is never split across threads,
-// and the workers run with the caller's MXCSR (flush-denormal / rounding mode).
+// attention: items of up to 16 queries, the heads of one KV group over a block of rows); a reduction is never
+// split across threads, and the workers run with the caller's MXCSR (flush-denormal / rounding mode).
 
 #ifndef BI_KERNEL_PASS
 
@@ -1601,9 +1601,9 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
     const int base = (int)(rows / nt), extra = (int)(rows % nt);
     int npw = np_for(extra ? base + 1 : base);
 #if BI_KERNEL_PASS == 2
-    // 8-bit panels keep their column scales and widened codes in registers too: 16 ymm registers hold the
-    // accumulators of one panel, not two (with two, accumulator chains spill through the stack). Which
-    // panels share a call never changes a result.
+    // 8-bit panels keep their widened codes in registers too: 16 ymm registers hold the accumulators of one
+    // panel, not two (with two, accumulator chains spill through the stack; measured slower for one row as
+    // well). Which panels share a call never changes a result.
     if (bytes) npw = 1;
 #endif
     // pack the block's tiles k-major (a 1-row fp32 tile is its own packing)
