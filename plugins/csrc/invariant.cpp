@@ -56,6 +56,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace bi {
@@ -1874,15 +1875,14 @@ static void att_scores(const AttnParams& p, const int* dn, const int64_t* koff, 
   for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
 }
 
-// the scores of n (1..QS) queries: the widest instantiation that fits
-template <int NDV, bool FULL, int QS, bool CBF>
-BI_INLINE int att_scores_upto(int n, const AttnParams& p, const int* dn, const int64_t* koff, int nb,
-                              const int64_t* qoff, float* const* sc, int64_t j0, V16 scale) {
-  if constexpr (QS > 1) {
-    if (n < QS) return att_scores_upto<NDV, FULL, QS - 1, CBF>(n, p, dn, koff, nb, qoff, sc, j0, scale);
+// run(std::integral_constant<int, W>) for the widest W <= N that fits n (>= 1) queries; returns W
+template <int N, class F>
+BI_INLINE int widest_upto(int n, F&& run) {
+  if constexpr (N > 1) {
+    if (n < N) return widest_upto<N - 1>(n, run);
   }
-  att_scores<NDV, FULL, QS, CBF>(p, dn, koff, nb, qoff, sc, j0, scale);
-  return QS;
+  run(std::integral_constant<int, N>{});
+  return N;
 }
 
 // PV for exactly QB queries on the NS slices of D from dv0: o_q = sum_{j < nk_q} p_qj v_j over j ascending,
@@ -1926,16 +1926,6 @@ static void att_pv(const AttnParams& p, const int* dn, int dv0, const int64_t* v
   }
 }
 
-template <int NDV, bool FULL, int QB, int NS, bool CBF>
-BI_INLINE int att_pv_upto(int n, const AttnParams& p, const int* dn, int dv0, const int64_t* voff,
-                          const int64_t* nk, float* const* sc, const float* l, const int64_t* orow) {
-  if constexpr (QB > 1) {
-    if (n < QB) return att_pv_upto<NDV, FULL, QB - 1, NS, CBF>(n, p, dn, dv0, voff, nk, sc, l, orow);
-  }
-  att_pv<NDV, FULL, QB, NS, CBF>(p, dn, dv0, voff, nk, sc, l, orow);
-  return QB;
-}
-
 template <int NDV, bool FULL, bool CBF>
 static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, int64_t sc_stride) {
   const int64_t b = it[0], h0 = it[1], nh = it[2], r0 = it[3], r1 = it[4];
@@ -1970,7 +1960,9 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   for (int64_t j0 = 0; j0 < nk_max; j0 += 16) {
     const int nb = (int)std::min<int64_t>(16, nk_max - j0);
     for (int q0 = 0; q0 < nq;)
-      q0 += att_scores_upto<NDV, FULL, QS, CBF>(nq - q0, p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+      q0 += widest_upto<QS>(nq - q0, [&](auto w) {
+        att_scores<NDV, FULL, decltype(w)::value, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+      });
   }
   // softmax numerators and their sums, per query
   for (int q = 0; q < nq; ++q) {
@@ -1998,8 +1990,9 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   constexpr int QB = AttQB<NDV>::v, NS = AttNS<NDV>::v;
   for (int dv0 = 0; dv0 < NDV && dn[dv0] > 0; dv0 += NS)
     for (int q0 = 0; q0 < nq;)
-      q0 += att_pv_upto<NDV, FULL, QB, NS, CBF>(nq - q0, p, dn, dv0, koff, nk + q0, sc + q0, lsum + q0,
-                                                qoff + q0);
+      q0 += widest_upto<QB>(nq - q0, [&](auto w) {
+        att_pv<NDV, FULL, decltype(w)::value, NS, CBF>(p, dn, dv0, koff, nk + q0, sc + q0, lsum + q0, qoff + q0);
+      });
 }
 
 template <int NDV, bool FULL>
