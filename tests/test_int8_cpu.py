@@ -118,6 +118,9 @@ def test_int8_engine_dflash_equals_its_ar(pair, mode, dtype):
     assert [o.token_ids for o in out] == [o.token_ids for o in ar] == [o.token_ids for o in alone] == \
         [o.token_ids for o in own]
     assert sum(o.accepted for o in out) > 0
+    # the default (adaptive) policy calibrates its step costs on the 8-bit drafter too
+    adaptive = LLM(target=t, draft=d, weights=mode)
+    assert [o.token_ids for o in adaptive.generate(prompts, sp)] == [o.token_ids for o in ar]
     # the int8 target is the fp32 target with its weights rounded: close logits, not the same ones
     from dflash_trt.teacher import teacher_forward
     seq = [[4, 5, 6, 7, 8, 9, 10, 11]]
