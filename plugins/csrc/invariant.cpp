@@ -313,11 +313,13 @@ static XRows x_rows(const at::Tensor& x) {
     if ((int64_t)buf.size() < M * K) buf.resize(M * K);
     const int64_t ld = M > 1 ? x.stride(0) : K;
     const uint16_t* src = (const uint16_t*)x.data_ptr();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) {
-        const uint32_t u = (uint32_t)src[m * ld + k] << 16;
-        std::memcpy(&buf[m * K + k], &u, 4);
-      }
+    // through local pointers: indexing the thread_local vector in the loop re-reads its address every element
+    uint32_t* dst = (uint32_t*)buf.data();
+    for (int64_t m = 0; m < M; ++m) {
+      const uint16_t* s = src + m * ld;
+      uint32_t* d = dst + m * K;
+      for (int64_t k = 0; k < K; ++k) d[k] = (uint32_t)s[k] << 16;
+    }
     return {buf.data(), K, at::Tensor()};
   }
   at::Tensor xf = x_as_f32(x);
@@ -1714,6 +1716,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   const int64_t cs = (int64_t)MRQ * NPQ * 32;
   thread_local std::vector<int32_t> ib;
   if ((int64_t)ib.size() < nch * cs) ib.resize(nch * cs);
+  int32_t* const ibp = ib.data();  // hoisted: a thread_local's address is a call away
   const int32_t* w0 = (const int32_t*)p.w;
   for (int64_t r = m0; r < m1; r += MRQ) {
     const int mr = (int)std::min<int64_t>(MRQ, m1 - r);
@@ -1729,11 +1732,11 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
         const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
 #if BI_KERNEL_PASS == 1
         if (tiles) {
-          linq_tiles(xc, p.ldq, wc, pstride, nq, mr, fk, ib.data() + c * cs);
+          linq_tiles(xc, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
           continue;
         }
 #endif
-        fk(xc, p.ldq, wc, pstride, nq, ib.data() + c * cs);
+        fk(xc, p.ldq, wc, pstride, nq, ibp + c * cs);
       }
       for (int h = 0; h < 2; ++h) {
         const int64_t col = g * 32 + 16 * h;
@@ -1746,7 +1749,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
         for (int m = 0; m < mr; ++m) {
           V16 t[8];
           for (int c = 0; c < nch; ++c)
-            t[c] = vmul(vmul(vcvt_i32(ib.data() + c * cs + m * 32 + 16 * h), vset1(p.xs[(r + m) * nch + c])), sw);
+            t[c] = vmul(vmul(vcvt_i32(ibp + c * cs + m * 32 + 16 * h), vset1(p.xs[(r + m) * nch + c])), sw);
           tree_store(p, t, nch, bias, r + m, col, nv);
         }
       }
