@@ -1322,7 +1322,7 @@ BI_INLINE uint32_t x_pair(const uint16_t* xh, int64_t i) {
 }
 
 #ifndef BI_PF_PAIRS
-#define BI_PF_PAIRS 8  // k-pairs of a BF16P panel (128 B each) fetched ahead
+#define BI_PF_PAIRS 32  // k-pairs of a BF16P panel (128 B each) fetched ahead
 #endif
 #ifndef BI_PF_MIN_ROWS
 // BF16P tiles prefetch their weights only from this many rows up. A tile of few rows is a pure stream that the
