@@ -36,9 +36,11 @@ def load() -> None:
     if problem:
         raise RuntimeError(f"fused_decoder_layer cannot reach the invariant kernels: {problem}")
     op = torch.ops.dflash_trt.fused_decoder_layer.default
+    stack = torch.ops.dflash_trt.fused_decoder_stack.default
     # the C++ binding itself: the overload's __call__ first walks the arguments for fake script objects
     # (tracing only), which costs as much as the layer's Python path saves
     _state["op"] = getattr(op, "_op", op)
+    _state["stack"] = getattr(stack, "_op", stack)
 
 
 def available() -> bool:
@@ -114,14 +116,35 @@ def make_state(*, in_norm, post_norm, q_norm, k_norm, eps: float, qk_eps: float,
         tensors += [p.data, _t(b), _t(p.scale)]
     ints = [heads, kv_heads, head_dim, qkv_cols[1], qkv_cols[2], inter, up_col, qkv.n, o.n, gate_up.n, down.n,
             o_k_splits, down_k_splits]
-    return torch.classes.dflash_trt.FusedLayer(tensors, ints, [float(eps), float(qk_eps), float(attn_scale)])
+    args = (tensors, ints, [float(eps), float(qk_eps), float(attn_scale)])
+    return LayerState(torch.classes.dflash_trt.FusedLayer(*args), args)
 
 
-def run(state, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, batch) -> torch.Tensor:
+@dataclasses.dataclass(frozen=True, eq=False)
+class LayerState:
+    op_state: object  # torch.classes.dflash_trt.FusedLayer
+    args: tuple  # what built it: (tensors, ints, floats), for a FusedStack of several layers
+
+
+def make_stack(states: list[LayerState]):
+    """Consecutive layers' states as one fused_decoder_stack state."""
+    return torch.classes.dflash_trt.FusedStack(*[sum((list(s.args[j]) for s in states), []) for j in range(3)])
+
+
+def run(state: LayerState, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, batch) -> torch.Tensor:
     """One decoder layer: x [T, hidden] -> x + attention + MLP, K/V of the rows written at batch.slot_mapping."""
     a = batch.kernel_args
-    return _state["op"](state, x, cos, sin, kv_cache[0], kv_cache[1], batch.slot_mapping, a[0], a[1], a[2], a[3],
-                        a[4])
+    return _state["op"](state.op_state, x, cos, sin, kv_cache[0], kv_cache[1], batch.slot_mapping, a[0], a[1], a[2],
+                        a[3], a[4])
 
 
-__all__ = ["available", "concat_packed", "concat_bias", "make_state", "run", "load"]
+def run_stack(stack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches, batch,
+              capture: list[int]) -> list[torch.Tensor]:
+    """Every layer of a make_stack state in one op: [the last output, then the output of each layer in capture]."""
+    a = batch.kernel_args
+    return _state["stack"](stack, x, cos, sin, [c[0] for c in kv_caches], [c[1] for c in kv_caches],
+                           batch.slot_mapping, a[0], a[1], a[2], a[3], a[4], capture)
+
+
+__all__ = ["available", "concat_packed", "concat_bias", "make_state", "make_stack", "run", "run_stack", "load",
+           "LayerState"]

@@ -98,8 +98,13 @@ def test_fused_layer_and_projections_are_bitwise_the_op_by_op_path(targets, name
 
     layers = fused.model.layers
     assert all(l.fusable for l in layers)
-    assert_same(forward(fused, ids, pos, caches, batch), ref, "fused layer op")
+    assert_same(forward(fused, ids, pos, caches, batch), ref, "fused layer stack")
     assert all(l._fused is not None for l in layers), "the C++ layer op did not run"
+    assert fused._stack[1] is not None, "the layers did not run as one stack op"
+
+    fused._fused_stack = lambda *a: None  # one op per layer
+    assert_same(forward(fused, ids, pos, caches, batch), ref, "fused layer op")
+    del fused._fused_stack
 
     for l in layers:  # the fused projections alone, through the Python modules
         l.fusable = False

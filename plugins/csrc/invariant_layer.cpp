@@ -9,6 +9,9 @@
 // op-by-op path is what keeps speculative output equal to autoregressive output; tests/test_fused_layer.py
 // checks it.
 //
+// fused_decoder_stack runs a model's layers one after another in one op (a FusedStack holds their states), so
+// a step crosses from Python into C++ once; it returns the outputs of the layers the drafter captures too.
+//
 // Built with -ffp-contract=off (plugins/build.py): rope's x*cos + rot*sin must stay three rounded operations.
 
 #include <ATen/ATen.h>
@@ -179,11 +182,10 @@ static void attention_inputs(const FusedLayer& L, const Tensor& qkv, const Tenso
 
 // ---- the op -----------------------------------------------------------------------------------------------------
 
-static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, const Tensor& x, const Tensor& cos_in,
-                                  const Tensor& sin_in, const Tensor& k_cache, const Tensor& v_cache,
-                                  const Tensor& slot_mapping, const Tensor& q_start, const Tensor& q_len,
-                                  const Tensor& kv_len, const Tensor& kv_slots, const Tensor& kv_offsets) {
-  const FusedLayer& L = *st;
+static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_in, const Tensor& sin_in,
+                        const Tensor& k_cache, const Tensor& v_cache, const Tensor& slot_mapping,
+                        const Tensor& q_start, const Tensor& q_len, const Tensor& kv_len, const Tensor& kv_slots,
+                        const Tensor& kv_offsets) {
   const auto dt = x.scalar_type();
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "fused_decoder_layer: x must be a CPU [T, hidden] tensor");
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "fused_decoder_layer: x must be float32 or bfloat16");
@@ -228,11 +230,65 @@ static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, cons
   return at::add(x1, L.down.run(act));
 }
 
+static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, const Tensor& x, const Tensor& cos,
+                                  const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
+                                  const Tensor& slot_mapping, const Tensor& q_start, const Tensor& q_len,
+                                  const Tensor& kv_len, const Tensor& kv_slots, const Tensor& kv_offsets) {
+  return run_layer(*st, x, cos, sin, k_cache, v_cache, slot_mapping, q_start, q_len, kv_len, kv_slots, kv_offsets);
+}
+
+// A model's consecutive fused layers, run by one op: a decode step crosses from Python into C++ once instead of
+// once per layer (each crossing boxes a dozen arguments). Each layer is the same run_layer, so the bits are
+// the per-layer op's.
+struct FusedStack : torch::CustomClassHolder {
+  std::vector<c10::intrusive_ptr<FusedLayer>> layers;
+  // every layer's FusedLayer arguments, one after another (16 tensors, 13 ints, 3 floats each)
+  FusedStack(std::vector<Tensor> t, std::vector<int64_t> i, std::vector<double> f) {
+    const size_t n = f.size() / 3;
+    TORCH_CHECK(n > 0 && t.size() == 16 * n && i.size() == 13 * n && f.size() == 3 * n,
+                "FusedStack: 16 tensors, 13 ints and 3 floats per layer");
+    for (size_t l = 0; l < n; ++l)
+      layers.push_back(c10::make_intrusive<FusedLayer>(
+          std::vector<Tensor>(t.begin() + 16 * l, t.begin() + 16 * (l + 1)),
+          std::vector<int64_t>(i.begin() + 13 * l, i.begin() + 13 * (l + 1)),
+          std::vector<double>(f.begin() + 3 * l, f.begin() + 3 * (l + 1))));
+  }
+};
+
+// out[0]: the last layer's output; out[1 + j]: the output of layer capture[j]
+static std::vector<Tensor> fused_decoder_stack(const c10::intrusive_ptr<FusedStack>& st, const Tensor& x,
+                                               const Tensor& cos, const Tensor& sin, at::TensorList k_caches,
+                                               at::TensorList v_caches, const Tensor& slot_mapping,
+                                               const Tensor& q_start, const Tensor& q_len, const Tensor& kv_len,
+                                               const Tensor& kv_slots, const Tensor& kv_offsets,
+                                               at::IntArrayRef capture) {
+  const auto& layers = st->layers;
+  const int64_t n = (int64_t)layers.size();
+  TORCH_CHECK((int64_t)k_caches.size() == n && (int64_t)v_caches.size() == n,
+              "fused_decoder_stack: one K and one V cache per layer");
+  for (int64_t c : capture) TORCH_CHECK(c >= 0 && c < n, "fused_decoder_stack: capture layer ", c, " out of range");
+  std::vector<Tensor> out(1 + capture.size());
+  Tensor h = x;
+  for (int64_t l = 0; l < n; ++l) {
+    h = run_layer(*layers[l], h, cos, sin, k_caches[l], v_caches[l], slot_mapping, q_start, q_len, kv_len,
+                  kv_slots, kv_offsets);
+    for (size_t j = 0; j < capture.size(); ++j)
+      if (capture[j] == l) out[1 + j] = h;
+  }
+  out[0] = h;
+  return out;
+}
+
 }  // namespace fl
 
 TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.class_<fl::FusedLayer>("FusedLayer")
       .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>());
+  m.class_<fl::FusedStack>("FusedStack")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>());
+  m.def("fused_decoder_stack(__torch__.torch.classes.dflash_trt.FusedStack stack, Tensor x, Tensor cos, "
+        "Tensor sin, Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, Tensor q_start, Tensor q_len, "
+        "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets, int[] capture) -> Tensor[]");
   m.def("fused_decoder_layer(__torch__.torch.classes.dflash_trt.FusedLayer state, Tensor x, Tensor cos, "
         "Tensor sin, Tensor k_cache, Tensor v_cache, Tensor slot_mapping, Tensor q_start, Tensor q_len, "
         "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets) -> Tensor");
@@ -246,4 +302,7 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   });
 }
 
-TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) { m.impl("fused_decoder_layer", &fl::fused_decoder_layer); }
+TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
+  m.impl("fused_decoder_layer", &fl::fused_decoder_layer);
+  m.impl("fused_decoder_stack", &fl::fused_decoder_stack);
+}

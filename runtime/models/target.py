@@ -302,11 +302,35 @@ class TargetModel(nn.Module):
         cos, sin = self.rotary(positions, x.dtype)
         captured = {}
         want = set(self.capture_ids) if capture else ()
+        stack = self._fused_stack(x, cos, kv_caches, batch)
+        if stack is not None:  # every layer in one op: one crossing into C++ per step instead of one per layer
+            from ..plugins import layer
+
+            keep = sorted(want)
+            out = layer.run_stack(stack, x, cos, sin, kv_caches, batch, keep)
+            return self.finish(out[0], dict(zip(keep, out[1:])), capture)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_caches[i], batch)
             if i in want:
                 captured[i] = x
         return self.finish(x, captured, capture)
+
+    def _fused_stack(self, x, cos, kv_caches, batch):
+        """The fused_decoder_stack state when every layer can run as the C++ layer op, else None."""
+        layers = self.model.layers
+        if (not layers or batch.kernel_args is None or x.dim() != 2 or not ops._use_bi(x)
+                or not all(type(layer) is DecoderLayer and layer.fusable for layer in layers)):
+            return None
+        states = [layer._fused_state(x, cos, kv_caches[i]) for i, layer in enumerate(layers)]
+        if any(s is None for s in states):
+            return None
+        key, cached = getattr(self, "_stack", (None, None))
+        if key is None or len(key) != len(states) or any(a is not b for a, b in zip(key, states)):
+            from ..plugins import layer
+
+            cached = layer.make_stack(states)
+            self._stack = (states, cached)  # rebuilt whenever a layer's state is
+        return cached
 
     def finish(self, x: torch.Tensor, captured: dict, capture: bool):
         """Final norm, and the captured layer outputs concatenated in the drafter config's order (duplicates
