@@ -18,6 +18,7 @@ from .engine_config import EngineConfig
 from .errors import DFlashError
 from .kv_cache import allocate_pools, plan_kv_pools
 from .loader import ModelPaths, load_configs, load_models, prepare_for_device
+from .memory import keep_freed_heap
 from .model_runner import ModelRunner, load_plugin_ops
 from .models.gated_deltanet import choose_rollback
 from .sampling import SamplingParams
@@ -108,6 +109,8 @@ class LLMEngine:
         # walk of those cost ~150 ms, ~2.5 ms a step at 32 requests), as vLLM does after start-up
         gc.collect()
         gc.freeze()
+        if str(cfg.device).startswith("cpu"):
+            keep_freed_heap()
 
     def _prefix_caching(self, state_bytes: int) -> bool:
         why = ("its linear-attention layers keep a per-request state that no cache block holds" if state_bytes
