@@ -17,6 +17,7 @@ from .detokenizer import Detokenizer
 from .engine_config import EngineConfig
 from .errors import DFlashError
 from .kv_cache import allocate_pools, plan_kv_pools
+from .huge_pages import move_to_huge_pages
 from .loader import ModelPaths, load_configs, load_models, prepare_for_device
 from .memory import keep_freed_heap
 from .model_runner import ModelRunner, load_plugin_ops
@@ -69,6 +70,8 @@ class LLMEngine:
                                                 max_positions=cfg.max_seq_len + 32, dist=self.dist)
         self.fp8_linears, self.fp8_native = prepare_for_device(self.target, self.drafter, paths, cfg,
                                                                sharded=self.dist is not None)
+        if str(cfg.device).startswith("cpu"):
+            move_to_huge_pages(self.target, self.drafter)  # every step streams them: fewer TLB misses
         self.ops = load_plugin_ops(cfg.use_plugins)
         d_layers = [(dcfg.num_key_value_heads // self.tp_size, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
         state_bytes = self.target.state_bytes_per_request()
