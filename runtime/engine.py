@@ -68,9 +68,10 @@ class LLMEngine:
         self.tp_size = self.dist.world_size if self.dist is not None else 1
         self.target, self.drafter = load_models(paths, tcfg, dcfg, cfg.torch_dtype, cfg.device,
                                                 max_positions=cfg.max_seq_len + 32, dist=self.dist)
+        cpu = str(cfg.device).startswith("cpu")
         self.fp8_linears, self.fp8_native = prepare_for_device(self.target, self.drafter, paths, cfg,
                                                                sharded=self.dist is not None)
-        if str(cfg.device).startswith("cpu"):
+        if cpu:
             move_to_huge_pages(self.target, self.drafter)  # every step streams them: fewer TLB misses
         self.ops = load_plugin_ops(cfg.use_plugins)
         d_layers = [(dcfg.num_key_value_heads // self.tp_size, dcfg.head_dim)] * dcfg.num_hidden_layers if dcfg else []
@@ -92,7 +93,7 @@ class LLMEngine:
                                                self.max_draft_len + 1, self.kv_plan.total_bytes)
         # the chunked delta rule's bits depend on where chunks start, which scheduling decides: the CPU's
         # batch-invariant runs (DFlash == AR bit for bit) keep every prefill on the recurrent kernel
-        chunked_min = None if str(cfg.device).startswith("cpu") else 64
+        chunked_min = None if cpu else 64
         self.runner = ModelRunner(self.target, t_caches, cfg.page_size, cfg.device,
                                   window_pool=bool(self.kv_plan.windowed),
                                   capture=self.proposer.needs_target_features, states=states,
@@ -112,7 +113,7 @@ class LLMEngine:
         # walk of those cost ~150 ms, ~2.5 ms a step at 32 requests), as vLLM does after start-up
         gc.collect()
         gc.freeze()
-        if str(cfg.device).startswith("cpu"):
+        if cpu:
             keep_freed_heap()
 
     def _prefix_caching(self, state_bytes: int) -> bool:

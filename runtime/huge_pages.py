@@ -32,8 +32,8 @@ def thp_mode() -> str:
 
 
 def packed_tensors(*models) -> list[torch.Tensor]:
-    """Every packed weight tensor the models' modules hold (PackedLinear data and scales, their fused stacks and
-    the stacks' member views), each tensor object once."""
+    """Every packed weight tensor the models' modules hold (PackedLinear data and scales, and the fused stacks
+    whose member views the member Linears hold), each tensor object once."""
     from .plugins.invariant import PackedLinear
     from .models.target import FusedProjection
 
@@ -53,9 +53,11 @@ def packed_tensors(*models) -> list[torch.Tensor]:
                     add(value)
                 elif isinstance(value, FusedProjection):
                     add(value.packed)
-                    for v in value.views:
-                        add(v)
     return list(seen.values())
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
 
 class Arena:
@@ -72,7 +74,7 @@ class Arena:
     def take(self, nbytes: int) -> int:
         """Byte offset of a fresh ALIGN-aligned range of nbytes."""
         off = self.at
-        self.at += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        self.at += _aligned(nbytes)
         return off
 
 
@@ -86,15 +88,12 @@ def move_to_huge_pages(*models) -> int:
         groups.setdefault(t.untyped_storage().data_ptr(), []).append(t)
     if not groups:
         return 0
-    sizes = {k: ts[0].untyped_storage().nbytes() for k, ts in groups.items()}
-    arena = Arena(sum((n + ALIGN - 1) // ALIGN * ALIGN for n in sizes.values()))
+    olds = [ts[0].untyped_storage() for ts in groups.values()]
+    arena = Arena(sum(_aligned(old.nbytes()) for old in olds))
     with torch.no_grad():
-        for key, ts in groups.items():
-            old = ts[0].untyped_storage()
-            off = arena.take(sizes[key])
-            src = torch.empty(0, dtype=torch.uint8).set_(old, 0, (old.nbytes(),), (1,))
-            arena.bytes[off:off + old.nbytes()].copy_(src)
+        for old, ts in zip(olds, groups.values()):
+            off = arena.take(old.nbytes())
+            arena.bytes[off:off + old.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(old))
             for t in ts:
-                size = t.element_size()
-                t.set_(arena.storage, off // size + t.storage_offset(), t.size(), t.stride())
-    return sum(sizes.values())
+                t.set_(arena.storage, off // t.element_size() + t.storage_offset(), t.size(), t.stride())
+    return sum(old.nbytes() for old in olds)

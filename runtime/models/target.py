@@ -269,6 +269,7 @@ class TargetModel(nn.Module):
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim, max_positions)
         self.capture_ids: list[int] = []
         self.head_packed = None
+        self._stack = ([], None)  # (the layer states it was built from, the fused_decoder_stack state)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -324,8 +325,8 @@ class TargetModel(nn.Module):
         states = [layer._fused_state(x, cos, kv_caches[i]) for i, layer in enumerate(layers)]
         if any(s is None for s in states):
             return None
-        key, cached = getattr(self, "_stack", (None, None))
-        if key is None or len(key) != len(states) or any(a is not b for a, b in zip(key, states)):
+        key, cached = self._stack
+        if cached is None or len(key) != len(states) or any(a is not b for a, b in zip(key, states)):
             from ..plugins import layer
 
             cached = layer.make_stack(states)
