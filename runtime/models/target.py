@@ -269,7 +269,6 @@ class TargetModel(nn.Module):
         self.rotary = RotaryTable(cfg.rope, cfg.head_dim, max_positions)
         self.capture_ids: list[int] = []
         self.head_packed = None
-        self._stack = ([], None)  # (the layer states it was built from, the fused_decoder_stack state)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -325,7 +324,8 @@ class TargetModel(nn.Module):
         states = [layer._fused_state(x, cos, kv_caches[i]) for i, layer in enumerate(layers)]
         if any(s is None for s in states):
             return None
-        key, cached = self._stack
+        # (the layer states it was built from, the stack state); families that skip TargetModel.__init__ have none
+        key, cached = getattr(self, "_stack", ([], None))
         if cached is None or len(key) != len(states) or any(a is not b for a, b in zip(key, states)):
             from ..plugins import layer
 
