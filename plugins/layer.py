@@ -108,14 +108,15 @@ def _t(x) -> torch.Tensor:
 def make_state(*, in_norm, post_norm, q_norm, k_norm, eps: float, qk_eps: float, attn_scale: float,
                heads: int, kv_heads: int, head_dim: int, qkv, qkv_bias, qkv_cols: list[int], o, o_bias,
                o_k_splits: int, gate_up, gate_up_bias, up_col: int, inter: int, down, down_bias,
-               down_k_splits: int):
-    """The constant part of one layer for fused_decoder_layer: norm weights, packed projections, sizes."""
+               down_k_splits: int, causal: bool = True):
+    """The constant part of one layer for fused_decoder_layer: norm weights, packed projections, sizes.
+    causal False: each row attends to all of its sequence's keys (a DFlash drafter's block)."""
     load()
     tensors = [in_norm, post_norm, _t(q_norm), _t(k_norm)]
     for p, b in ((qkv, qkv_bias), (o, o_bias), (gate_up, gate_up_bias), (down, down_bias)):
         tensors += [p.data, _t(b), _t(p.scale)]
     ints = [heads, kv_heads, head_dim, qkv_cols[1], qkv_cols[2], inter, up_col, qkv.n, o.n, gate_up.n, down.n,
-            o_k_splits, down_k_splits]
+            o_k_splits, down_k_splits, int(causal)]
     args = (tensors, ints, [float(eps), float(qk_eps), float(attn_scale)])
     return LayerState(torch.classes.dflash_trt.FusedLayer(*args), args)
 

@@ -26,7 +26,7 @@ from .sampling import SamplingParams
 from .scheduler import Scheduler, StepOutput
 from .sequence import Sequence
 from .spec import make_proposer
-from .spec.calibrate import measure_step_costs
+from .spec.calibrate import N as CALIBRATION_REQUESTS, measure_step_costs
 from .spec.interface import Proposal
 from .spec.policy import SpecPolicy, min_confidence_for
 from .spec.verify import Verifier
@@ -80,11 +80,15 @@ class LLMEngine:
             tcfg.cache_layers(self.tp_size), d_layers, [tcfg.window(i) for i in tcfg.cached_layers],
             page=cfg.page_size, max_seq_len=cfg.max_seq_len, max_batch_size=cfg.max_batch_size,
             max_num_tokens=cfg.max_num_tokens, dtype=cfg.torch_dtype, budget=cfg.kv_cache_bytes,
-            window_cache=cfg.window_cache, state_bytes_per_request=state_bytes)
+            window_cache=cfg.window_cache, state_bytes_per_request=state_bytes,
+            # a CPU drafter pass runs fused over cache slots: room for the blocks of every request it drafts for
+            # (the batch, or the step-cost calibration's scratch requests)
+            draft_scratch_rows=max(cfg.max_batch_size, CALIBRATION_REQUESTS) * dcfg.block_size if dcfg and cpu else 0)
         self.prefix_caching = self._prefix_caching(state_bytes)
         self.blocks, t_caches, d_caches = allocate_pools(self.kv_plan, cfg.torch_dtype, cfg.device,
                                                          self.prefix_caching)
-        self.proposer = make_proposer(spec, self.target, self.drafter, d_caches, cfg.page_size, cfg.device, self.ops)
+        self.proposer = make_proposer(spec, self.target, self.drafter, d_caches, cfg.page_size, cfg.device, self.ops,
+                                      scratch=self.kv_plan.draft_scratch)
         self.max_draft_len = self.proposer.max_draft_len(spec.max_draft_len)
         # a hybrid target's linear-attention states: one slot per running request (kv_cache.CacheBlocks hands
         # them out), rolled back after each verify block (ModelRunner.commit)

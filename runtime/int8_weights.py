@@ -12,7 +12,8 @@ its head (lm_head, or the tied embedding matrix as a head) are packed again:
   verify block of many rows costs little more than one row. Matrices whose K is not a multiple of 4 stay W8A16.
 - "fp8": per-output-channel e4m3 (scale = max|w_row| / 448, round to nearest even), the panels FP8
   checkpoints keep (fp8_weights.py), 1 byte per weight.
-- "bf16": the weights rounded once to bf16 (round to nearest even), 2 bytes per weight.
+- "bf16": the weights rounded once to bf16 (round to nearest even), 2 bytes per weight; a model run in bf16
+  keeps the panels `auto` gives it (bf16 k-pairs where they pay).
 - "auto": as the checkpoint loads (fp32 panels, bf16 panels for bf16-valued weights, kept FP8 checkpoints).
 
 The 8-bit W8A16 ones sum over the codes and scale each K chunk's sum once (the dequantised weight to fp32
@@ -55,7 +56,11 @@ def _packer(mode: str):
         return lambda w: bi.pack_linear_w8a8(w) if w.shape[1] % 4 == 0 else bi.pack_linear_int8(w)
     if mode == "fp8":
         return lambda w: bi.pack_linear_fp8(*quantize_fp8(w))
-    return lambda w: bi.pack_linear(w, torch.bfloat16)
+    from . import ops
+
+    # a model run in bf16 (bf16 weights and activations) keeps the panels ops.pack gives it (k-pairs where
+    # vdpbf16ps pays); fp32 activations get widened bf16 panels, which leave x unrounded
+    return lambda w: ops.pack(w) if w.dtype == torch.bfloat16 else bi.pack_linear(w, torch.bfloat16)
 
 
 def repack_target(target, mode: str, sharded: bool = False) -> int:

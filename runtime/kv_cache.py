@@ -251,16 +251,25 @@ class KVPlan:
     window_bytes: int
     state_slots: int = 0  # a hybrid target's state pool: one slot per running request
     state_bytes: int = 0  # ... and its bytes, counted in the budget
+    # blocks past the main pool's in the drafter's caches, never in a block table: where a drafter pass writes
+    # its blocks' own K/V (the fused CPU drafter attends to context and block in one kernel over cache slots).
+    # Working memory of the pass, like its activations: not cache, not taken from the budget
+    draft_scratch_blocks: int = 0
 
     @property
     def total_bytes(self) -> int:
         return self.num_blocks * self.bytes_per_block + self.window_bytes + self.state_bytes
 
+    @property
+    def draft_scratch(self) -> tuple[int, int]:
+        """(first slot, slots) of the drafter caches' scratch rows."""
+        return self.num_blocks * self.page, self.draft_scratch_blocks * self.page
+
 
 def plan_kv_pools(target_layers: list[tuple[int, ...]], draft_layers: list[tuple[int, ...]],
                   windows: list[int | None], *, page: int, max_seq_len: int, max_batch_size: int,
                   max_num_tokens: int, dtype: torch.dtype, budget: int | None = None,
-                  window_cache: bool = True, state_bytes_per_request: int = 0) -> KVPlan:
+                  window_cache: bool = True, state_bytes_per_request: int = 0, draft_scratch_rows: int = 0) -> KVPlan:
     """target_layers: (kv_heads, k_dim[, v_dim]) per cached target layer (this rank's heads); windows: each
     cached layer's sliding window or None. budget: bytes for all pools (default: max_batch_size sequences of
     max_seq_len, the main pool capped at 2 GiB). state_bytes_per_request: a hybrid's fixed per-request state,
@@ -283,8 +292,9 @@ def plan_kv_pools(target_layers: list[tuple[int, ...]], draft_layers: list[tuple
     if num_blocks * page < max_seq_len + page:
         raise DFlashError(f"KV cache of {budget} bytes holds {num_blocks * page} positions, fewer than "
                           f"max_seq_len {max_seq_len}: raise kv_cache_bytes or lower max_seq_len")
+    scratch = -(-draft_scratch_rows // page) if draft_layers else 0
     return KVPlan(page, num_blocks, w_blocks, window, windowed, list(target_layers), list(draft_layers),
-                  per_block, w_bytes, max_batch_size if s_bytes else 0, s_bytes)
+                  per_block, w_bytes, max_batch_size if s_bytes else 0, s_bytes, scratch)
 
 
 def allocate_pools(plan: KVPlan, dtype, device, prefix_caching: bool = False):
@@ -298,5 +308,6 @@ def allocate_pools(plan: KVPlan, dtype, device, prefix_caching: bool = False):
     win = iter(allocate_caches(plan.window_blocks, page, [plan.target_layers[i] for i in windowed], dtype, device)
                if windowed else [])
     t_caches = [next(win) if i in windowed else next(main) for i in range(len(plan.target_layers))]
-    d_caches = allocate_caches(plan.num_blocks, page, plan.draft_layers, dtype, device) if plan.draft_layers else []
+    d_caches = (allocate_caches(plan.num_blocks + plan.draft_scratch_blocks, page, plan.draft_layers, dtype, device)
+                if plan.draft_layers else [])
     return blocks, t_caches, d_caches

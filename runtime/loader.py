@@ -242,6 +242,7 @@ def prepare_for_device(target, drafter, paths: ModelPaths, cfg, sharded: bool = 
         target.pack()
         if drafter is not None:
             pack_linears(drafter)
+            drafter.fuse()
     fp8 = (0, False)
     if cfg.fp8_weights and not sharded and is_quantized(paths.target):
         native = cfg.fp8_compute if cfg.fp8_compute is not None else ops.fp8_matmul_available(cfg.device)

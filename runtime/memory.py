@@ -102,12 +102,13 @@ def kv_budget(paths, cfg, fraction: float | None) -> int | None:
 
 def kv_pool_bytes(engine) -> dict[str, dict[str, int]]:
     """Bytes of the KV cache pools, and per cached token, of the target and of the drafter's context (whose
-    pages follow the target's block table, so both pools hold the same number of blocks)."""
+    pages follow the target's block table, so both pools hold the same number of blocks; the drafter's caches
+    also hold the fused pass's scratch rows)."""
     plan, dtype = engine.kv_plan, engine.cfg.torch_dtype
     main = [t for i, t in enumerate(plan.target_layers) if i not in plan.windowed]
     win = [plan.target_layers[i] for i in plan.windowed]
     t_pool = plan.num_blocks * bytes_per_block(plan.page, main, dtype) + plan.window_bytes + plan.state_bytes
-    d_pool = plan.num_blocks * bytes_per_block(plan.page, plan.draft_layers, dtype)
+    d_pool = (plan.num_blocks + plan.draft_scratch_blocks) * bytes_per_block(plan.page, plan.draft_layers, dtype)
     return {"target": {"bytes": t_pool, "bytes_per_token": bytes_per_block(1, main + win, dtype)},
             "drafter": {"bytes": d_pool, "bytes_per_token": bytes_per_block(1, plan.draft_layers, dtype)}}
 

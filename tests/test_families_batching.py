@@ -64,16 +64,10 @@ def family_workload(window: int, n: int = 16, seed: int = 0):
 
 def main_block_budget(t, d, pages, **engine):
     """kv_cache_bytes for `pages` main-pool blocks of this engine layout (target layers in the main pool plus the
-    drafter's), on top of the window pool the engine sizes itself. Read from an engine's own caches, so MLA's
-    latent rows and the window split are counted as the engine counts them."""
-    eng = LLM(target=t, draft=d, **engine).engine
-    main = eng.blocks.main.num_blocks
-    caches = eng.runner.target_caches + eng.proposer.caches
-    per_block = sum((k.numel() * k.element_size() + v.numel() * v.element_size()) // main
-                    for k, v in caches if k.shape[0] == main)
-    window = sum(k.numel() * k.element_size() + v.numel() * v.element_size()
-                 for k, v in caches if k.shape[0] != main)
-    return pages * per_block + window
+    drafter's), on top of the window pool (and state pool) the engine sizes itself. Read from an engine's own
+    plan, so MLA's latent rows and the window split are counted as the engine counts them."""
+    plan = LLM(target=t, draft=d, **engine).engine.kv_plan
+    return pages * plan.bytes_per_block + plan.window_bytes + plan.state_bytes
 
 
 @pytest.mark.parametrize("name", list(PAIRS))

@@ -137,6 +137,22 @@ def test_bf16_and_fp8_weights_pack_their_panels(pair):
         assert target.head_packed.dtype == dtype, mode
 
 
+def test_bf16_weights_of_a_bf16_model_keep_its_panels(pair):
+    """weights="bf16" on a model run in bf16 repacks nothing into slower panels: the same panels as "auto"
+    (bf16 k-pairs where vdpbf16ps pays, widened bf16 elsewhere) and the same tokens."""
+    t, _ = pair
+    engines = {m: LLM(target=t, speculative=False, dtype="bfloat16", weights=m) for m in ("auto", "bf16")}
+    packs = {m: [mod.packed for mod in e.engine.target.modules() if getattr(mod, "packed", None) is not None]
+             + [e.engine.target.head_packed] for m, e in engines.items()}
+    assert [p.dtype for p in packs["bf16"]] == [p.dtype for p in packs["auto"]]
+    assert all(torch.equal(a.data, b.data) for a, b in zip(packs["bf16"], packs["auto"]))
+    expect = torch.int16 if bi.bf16_pairs_pay() else torch.bfloat16
+    assert packs["bf16"][0].dtype == expect
+    sp = SamplingParams(max_tokens=12, ignore_eos=True)
+    outs = {m: [o.token_ids for o in e.generate([[5, 6, 7, 8]], sp)] for m, e in engines.items()}
+    assert outs["bf16"] == outs["auto"]
+
+
 def test_bad_weights_are_one_line_errors(pair, capsys):
     from dflash_trt.cli.generate import main as generate
 

@@ -371,8 +371,8 @@ def test_vllm_speculation_counters_and_per_request_stats(pair):
     for model, caches in (("target", eng.runner.target_caches), ("drafter", eng.proposer.caches)):
         nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in caches)
         assert m[f"dflash_kv_cache_bytes{{model={model}}}"] == nbytes > 0
-        assert m[f"dflash_kv_cache_bytes_per_token{{model={model}}}"] == nbytes // (eng.kv_plan.num_blocks *
-                                                                                    eng.kv_plan.page)
+        per_token = sum(k[0, 0].numel() * k.element_size() + v[0, 0].numel() * v.element_size() for k, v in caches)
+        assert m[f"dflash_kv_cache_bytes_per_token{{model={model}}}"] == per_token
 
 
 # -- a full queue answers 429 (an in-process server from create_app) -------------------------------------------

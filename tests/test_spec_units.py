@@ -282,6 +282,14 @@ def test_kv_plan_sizes_pools_from_the_budget():
     with pytest.raises(DFlashError, match="raise kv_cache_bytes"):
         plan_kv_pools(layers, draft, [None] * 4, page=16, max_seq_len=64, max_batch_size=2, max_num_tokens=32,
                       dtype=torch.float32, budget=per_block * 4)
+    # the fused drafter pass's scratch rows: whole pages past the pool in the drafter's caches only, outside
+    # the budget and every block table
+    plan = plan_kv_pools(layers, draft, [None] * 4, page=16, max_seq_len=64, max_batch_size=2, max_num_tokens=32,
+                         dtype=torch.float32, budget=per_block * 9 + 5, draft_scratch_rows=40)
+    assert plan.num_blocks == 9 and plan.draft_scratch_blocks == 3 and plan.draft_scratch == (9 * 16, 48)
+    blocks, t_caches, d_caches = allocate_pools(plan, torch.float32, "cpu")
+    assert [k.shape[0] for k, _ in t_caches] == [9] * 4 and [k.shape[0] for k, _ in d_caches] == [12] * 2
+    assert blocks.num_blocks == 9
 
 
 def test_kv_plan_gives_short_windows_a_pool_of_their_own():

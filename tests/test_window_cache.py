@@ -64,7 +64,8 @@ def test_window_layers_hold_a_window_of_blocks_and_decode_the_same_tokens(pair):
     # full-attention layers stay in the main pool; only the target's windowed layers use the window pool
     r, main, win = eng.runner, eng.blocks.main.num_blocks, eng.blocks.window.num_blocks + 1  # + the null block
     assert DraftConfig.from_dir(d).layer_types[0] == "sliding_attention"
-    assert [k.shape[0] for k, _ in eng.proposer.caches] == [main] * len(eng.proposer.caches)
+    d_blocks = main + eng.kv_plan.draft_scratch_blocks  # and the fused drafter pass's scratch pages
+    assert [k.shape[0] for k, _ in eng.proposer.caches] == [d_blocks] * len(eng.proposer.caches)
     assert [k.shape[0] for k, _ in r.target_caches] == [win if i % 2 == 0 else main for i in range(4)]
 
 

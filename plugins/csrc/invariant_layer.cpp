@@ -80,12 +80,14 @@ struct FusedLayer : torch::CustomClassHolder {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   int64_t k_col = 0, v_col = 0;     // where k and v start in the fused qkv output (q starts at 0)
   int64_t inter = 0, up_col = 0;    // intermediate size; where up starts in the fused gate_up output
+  bool causal = true;  // false: every row sees all of its sequence's keys (a DFlash drafter's block)
 
   // tensors: in_norm, post_norm, q_norm, k_norm, then (data, bias, scale) of qkv, o, gate_up, down
-  // ints: heads, kv_heads, head_dim, k_col, v_col, inter, up_col, n of qkv/o/gate_up/down, k_splits of o/down
+  // ints: heads, kv_heads, head_dim, k_col, v_col, inter, up_col, n of qkv/o/gate_up/down, k_splits of o/down,
+  //       causal
   // floats: eps, qk_eps, attn_scale
   FusedLayer(std::vector<Tensor> t, std::vector<int64_t> i, std::vector<double> f) {
-    TORCH_CHECK(t.size() == 16 && i.size() == 13 && f.size() == 3, "FusedLayer: 16 tensors, 13 ints, 3 floats");
+    TORCH_CHECK(t.size() == 16 && i.size() == 14 && f.size() == 3, "FusedLayer: 16 tensors, 14 ints, 3 floats");
     in_norm = t[0]; post_norm = t[1]; q_norm = t[2]; k_norm = t[3];
     Proj* ps[4] = {&qkv, &o, &gate_up, &down};
     for (int j = 0; j < 4; ++j) {
@@ -96,6 +98,7 @@ struct FusedLayer : torch::CustomClassHolder {
     }
     heads = i[0]; kv_heads = i[1]; head_dim = i[2]; k_col = i[3]; v_col = i[4]; inter = i[5]; up_col = i[6];
     o.k_splits = i[11]; down.k_splits = i[12];
+    causal = i[13] != 0;
     eps = f[0]; qk_eps = f[1]; attn_scale = f[2];
     TORCH_CHECK(head_dim % 2 == 0, "FusedLayer: rotate-half rope needs an even head dim");
   }
@@ -220,7 +223,7 @@ static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_
   else
     attention_inputs<at::BFloat16>(L, qkv, qn, kn, cos, sin, k_cache, v_cache, slots, q);
   const Tensor att = h.attention.call(q, k_cache, v_cache, q_start, q_len, kv_len, kv_slots, kv_offsets,
-                                      L.attn_scale, true);
+                                      L.attn_scale, L.causal);
   const Tensor o = L.o.run(att.view({nt, L.heads * D}));
 
   // MLP block: x1 = x + o and its norm in one pass (the sum rounded to x's dtype first, as `x + o` is)
@@ -242,15 +245,15 @@ static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, cons
 // the per-layer op's.
 struct FusedStack : torch::CustomClassHolder {
   std::vector<c10::intrusive_ptr<FusedLayer>> layers;
-  // every layer's FusedLayer arguments, one after another (16 tensors, 13 ints, 3 floats each)
+  // every layer's FusedLayer arguments, one after another (16 tensors, 14 ints, 3 floats each)
   FusedStack(std::vector<Tensor> t, std::vector<int64_t> i, std::vector<double> f) {
     const size_t n = f.size() / 3;
-    TORCH_CHECK(n > 0 && t.size() == 16 * n && i.size() == 13 * n && f.size() == 3 * n,
-                "FusedStack: 16 tensors, 13 ints and 3 floats per layer");
+    TORCH_CHECK(n > 0 && t.size() == 16 * n && i.size() == 14 * n && f.size() == 3 * n,
+                "FusedStack: 16 tensors, 14 ints and 3 floats per layer");
     for (size_t l = 0; l < n; ++l)
       layers.push_back(c10::make_intrusive<FusedLayer>(
           std::vector<Tensor>(t.begin() + 16 * l, t.begin() + 16 * (l + 1)),
-          std::vector<int64_t>(i.begin() + 13 * l, i.begin() + 13 * (l + 1)),
+          std::vector<int64_t>(i.begin() + 14 * l, i.begin() + 14 * (l + 1)),
           std::vector<double>(f.begin() + 3 * l, f.begin() + 3 * (l + 1))));
   }
 };

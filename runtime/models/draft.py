@@ -7,6 +7,7 @@ k_norm -> RoPE, and v_proj) and kept in a paged cache that shares the target's b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,8 @@ from torch import nn
 from ..config import DraftConfig
 from ..errors import CheckpointError
 from ..rope import RotaryTable, apply_rope
-from .target import MLP, Linear, RMSNorm
+from .. import ops
+from .target import MLP, Linear, RMSNorm, cached_stack, fuse_layer, fused_layer_state
 
 
 @dataclass
@@ -23,6 +25,24 @@ class DraftSlice:
     q_start: int  # first block row in the packed batch
     q_len: int  # block rows of this sequence
     ctx_slots: torch.Tensor  # flat draft-cache slots of context positions 0..ctx_len-1
+
+
+@dataclass
+class BlockBatch:
+    """A drafter pass's rows as the fused layer op addresses them (attention.AttentionBatch's kernel fields)."""
+    slot_mapping: torch.Tensor  # where each block row's K/V is written: a scratch slot
+    kernel_args: tuple  # (q_start, q_len, kv_len, kv_slots, kv_offsets): context slots, then the block's
+
+
+def block_batch(slices: list[DraftSlice], scratch: torch.Tensor) -> BlockBatch:
+    """Each block attends (non-causally) to its request's context slots and its own rows' scratch slots."""
+    rows = sum(s.q_len for s in slices)
+    mapping = scratch[:rows]
+    kv = [t for s in slices for t in (s.ctx_slots, mapping[s.q_start:s.q_start + s.q_len])]
+    lens = [s.ctx_slots.numel() + s.q_len for s in slices]
+    meta = torch.tensor([[s.q_start, s.q_len, n] for s, n in zip(slices, lens)], dtype=torch.int64).T.contiguous()
+    offs = torch.tensor(list(accumulate(lens[:-1], initial=0)), dtype=torch.int64)
+    return BlockBatch(mapping, (meta[0], meta[1], meta[2], torch.cat(kv), offs))
 
 
 class DraftAttention(nn.Module):
@@ -41,6 +61,7 @@ class DraftAttention(nn.Module):
         # the reference's `is_causal` (None: sliding layers causal); DFlash2 drafters set it false: their sliding
         # layers see the window on both sides
         self.causal = window is not None
+        self.qkv = None  # q/k/v as one packed weight (target.fuse_layer), for the fused CPU pass
 
     def kv(self, x, cos, sin):
         t = x.shape[0]
@@ -80,6 +101,8 @@ class DraftLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fusable = False  # set by DFlashDrafter.fuse
+        self._fused = None  # (its sources, plugins/layer.py state): target.fused_layer_state
 
     def forward(self, x, cos, sin, cache, slices, positions):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, slices, positions)
@@ -135,13 +158,35 @@ class DFlashDrafter(nn.Module):
             cache[0].view(-1, kvh, d).index_copy_(0, slot_mapping, k.to(cache[0].dtype))
             cache[1].view(-1, kvh, d).index_copy_(0, slot_mapping, v.to(cache[1].dtype))
 
-    def forward(self, block_embeds, positions, caches, slices: list[DraftSlice]) -> torch.Tensor:
-        """block_embeds: target embeddings of [bonus, MASK...] rows; returns final-normed hidden rows."""
+    def fuse(self) -> None:
+        """After pack_linears: each layer's q/k/v and gate/up as one packed weight, and the layers marked for the
+        C++ layer op (a pass given cache scratch rows then runs all of them in one fused_decoder_stack)."""
+        for layer in self.layers:
+            fuse_layer(layer, DraftAttention)
+
+    def forward(self, block_embeds, positions, caches, slices: list[DraftSlice],
+                scratch: torch.Tensor | None = None) -> torch.Tensor:
+        """block_embeds: target embeddings of [bonus, MASK...] rows; returns final-normed hidden rows.
+        scratch: cache slots outside every block table, one per block row at least: the fused CPU pass writes
+        the blocks' K/V there and attends to context and block in one kernel."""
         x = block_embeds.to(self.fc.weight.dtype) * self.cfg.input_embedding_scale
         cos, sin = self.rotary(positions, x.dtype)
+        stack = self._fused_stack(x, cos, caches, scratch)
+        if stack is not None:
+            from ..plugins import layer
+
+            return self.norm(layer.run_stack(stack, x, cos, sin, caches, block_batch(slices, scratch), [])[0])
         for layer, cache in zip(self.layers, caches):
             x = layer(x, cos, sin, cache, slices, positions)
         return self.norm(x)
+
+    def _fused_stack(self, x, cos, caches, scratch):
+        """The fused_decoder_stack state when the pass can run as one op, else None."""
+        if (scratch is None or x.dim() != 2 or x.shape[0] > scratch.numel() or not ops._use_bi(x)
+                or not all(layer.fusable for layer in self.layers)):
+            return None
+        states = [fused_layer_state(layer, x, cos, cache) for layer, cache in zip(self.layers, caches)]
+        return None if any(s is None for s in states) else cached_stack(self, states)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
         """head: the target's output head (TargetModel.logits)."""

@@ -185,48 +185,69 @@ class DecoderLayer(nn.Module):
 
     def _fused_state(self, x, cos, kv_cache):
         """The C++ layer op's state when this call can run as one op (the same bits as the modules), else None."""
-        f = self._fused
-        if (f is not None and f[2] == _WEIGHTS_EPOCH[0] and f[0][-1] is x.dtype and cos.dtype == x.dtype
-                and kv_cache[0].dtype in _CACHE_DTYPES):
-            return f[1]  # no linear's weights changed since it was built
-        att, mlp = self.self_attn, self.mlp
-        if att.window is not None or cos.dtype != x.dtype or kv_cache[0].dtype not in _CACHE_DTYPES:
-            return None
-        att.qkv = _current(att.qkv, [att.q_proj, att.k_proj, att.v_proj])
-        mlp.gate_up = _current(mlp.gate_up, [mlp.gate_proj, mlp.up_proj])
-        src = (att.qkv, mlp.gate_up, att.o_proj.packed, mlp.down_proj.packed, x.dtype)
-        if self._fused is not None and all(a is b for a, b in zip(self._fused[0], src)):
-            self._fused = (src, self._fused[1], _WEIGHTS_EPOCH[0])
-            return self._fused[1]
-        self._fused = None
-        norms = [self.input_layernorm, self.post_attention_layernorm]
-        if att.q_norm is not None:
-            norms += [att.q_norm, att.k_norm]
-        if (att.qkv is None or mlp.gate_up is None or any(type(m) is not Linear or m.packed is None or m.fp8
-                                                           is not None for m in (att.o_proj, mlp.down_proj))
-                or any(n.weight.dtype != x.dtype for n in norms) or norms[0].eps != norms[1].eps
-                or norms[2:] and norms[2].eps != norms[3].eps):
-            return None
-        from ..plugins import layer
+        return fused_layer_state(self, x, cos, kv_cache)
 
-        if not layer.available():
-            return None
-        state = layer.make_state(
-            in_norm=norms[0].weight, post_norm=norms[1].weight,
-            q_norm=None if att.q_norm is None else att.q_norm.weight,
-            k_norm=None if att.k_norm is None else att.k_norm.weight,
-            eps=norms[0].eps, qk_eps=norms[2].eps if att.q_norm is not None else 0.0, attn_scale=att.scale,
-            heads=att.n_heads, kv_heads=att.n_kv, head_dim=att.head_dim,
-            qkv=att.qkv.packed, qkv_bias=att.qkv.bias, qkv_cols=att.qkv.cols,
-            o=att.o_proj.packed, o_bias=att.o_proj.bias, o_k_splits=att.o_proj.k_splits,
-            gate_up=mlp.gate_up.packed, gate_up_bias=mlp.gate_up.bias, up_col=mlp.gate_up.cols[1],
-            inter=mlp.gate_up.sizes[0],
-            down=mlp.down_proj.packed, down_bias=mlp.down_proj.bias, down_k_splits=mlp.down_proj.k_splits)
-        self._fused = (src, state, _WEIGHTS_EPOCH[0])
-        return state
+
+def fused_layer_state(layer, x, cos, kv_cache):
+    """The C++ layer op's state of a fused layer (`fuse_layer`: a target's DecoderLayer or a drafter's layer) for
+    this call, built once and kept on the layer until a linear's weights change; None when the call cannot run
+    as one op. A drafter's layers (attention `causal` False) attend non-causally."""
+    f = layer._fused
+    if (f is not None and f[2] == _WEIGHTS_EPOCH[0] and f[0][-1] is x.dtype and cos.dtype == x.dtype
+            and kv_cache[0].dtype in _CACHE_DTYPES):
+        return f[1]  # no linear's weights changed since it was built
+    att, mlp = layer.self_attn, layer.mlp
+    if att.window is not None or cos.dtype != x.dtype or kv_cache[0].dtype not in _CACHE_DTYPES:
+        return None
+    att.qkv = _current(att.qkv, [att.q_proj, att.k_proj, att.v_proj])
+    mlp.gate_up = _current(mlp.gate_up, [mlp.gate_proj, mlp.up_proj])
+    src = (att.qkv, mlp.gate_up, att.o_proj.packed, mlp.down_proj.packed, x.dtype)
+    if layer._fused is not None and all(a is b for a, b in zip(layer._fused[0], src)):
+        layer._fused = (src, layer._fused[1], _WEIGHTS_EPOCH[0])
+        return layer._fused[1]
+    layer._fused = None
+    norms = [layer.input_layernorm, layer.post_attention_layernorm]
+    if att.q_norm is not None:
+        norms += [att.q_norm, att.k_norm]
+    if (att.qkv is None or mlp.gate_up is None or any(type(m) is not Linear or m.packed is None or m.fp8
+                                                       is not None for m in (att.o_proj, mlp.down_proj))
+            or any(n.weight.dtype != x.dtype for n in norms) or norms[0].eps != norms[1].eps
+            or norms[2:] and norms[2].eps != norms[3].eps):
+        return None
+    from ..plugins import layer as fused
+
+    if not fused.available():
+        return None
+    state = fused.make_state(
+        in_norm=norms[0].weight, post_norm=norms[1].weight,
+        q_norm=None if att.q_norm is None else att.q_norm.weight,
+        k_norm=None if att.k_norm is None else att.k_norm.weight,
+        eps=norms[0].eps, qk_eps=norms[2].eps if att.q_norm is not None else 0.0, attn_scale=att.scale,
+        heads=att.n_heads, kv_heads=att.n_kv, head_dim=att.head_dim,
+        qkv=att.qkv.packed, qkv_bias=att.qkv.bias, qkv_cols=att.qkv.cols,
+        o=att.o_proj.packed, o_bias=att.o_proj.bias, o_k_splits=att.o_proj.k_splits,
+        gate_up=mlp.gate_up.packed, gate_up_bias=mlp.gate_up.bias, up_col=mlp.gate_up.cols[1],
+        inter=mlp.gate_up.sizes[0],
+        down=mlp.down_proj.packed, down_bias=mlp.down_proj.bias, down_k_splits=mlp.down_proj.k_splits,
+        causal=getattr(att, "causal", True))
+    layer._fused = (src, state, _WEIGHTS_EPOCH[0])
+    return state
 
 
 _CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def cached_stack(owner, states: list):
+    """The fused_decoder_stack state of these layer states, kept on `owner` and rebuilt whenever a layer's
+    state is."""
+    # (the layer states it was built from, the stack state); families that skip TargetModel.__init__ have none
+    key, cached = getattr(owner, "_stack", ([], None))
+    if cached is None or len(key) != len(states) or any(a is not b for a, b in zip(key, states)):
+        from ..plugins import layer
+
+        cached = layer.make_stack(states)
+        owner._stack = (states, cached)
+    return cached
 
 
 def fuse_projections(model: nn.Module) -> None:
@@ -234,21 +255,26 @@ def fuse_projections(model: nn.Module) -> None:
     those layers marked for the C++ layer op. Subclassed layers (families' windows, sinks, other norms) and
     tensor-parallel linears keep their own path."""
     for layer in getattr(getattr(model, "model", None), "layers", ()):
-        if type(layer) is not DecoderLayer:
-            continue
-        att, mlp = layer.self_attn, layer.mlp
-        if type(att) is not Attention or type(mlp) is not MLP:
-            continue
-        if type(att.o_proj) is not Linear or type(mlp.down_proj) is not Linear:  # tensor parallel
-            continue
-        if any(type(n) is not RMSNorm for n in (layer.input_layernorm, layer.post_attention_layernorm,
-                                                 att.q_norm or layer.input_layernorm,
-                                                 att.k_norm or layer.input_layernorm)):
-            continue
-        att.qkv = FusedProjection.build([att.q_proj, att.k_proj, att.v_proj])
-        mlp.gate_up = FusedProjection.build([mlp.gate_proj, mlp.up_proj])
-        layer.fusable = att.qkv is not None and mlp.gate_up is not None
-        layer._fused = None
+        if type(layer) is DecoderLayer:
+            fuse_layer(layer, Attention)
+
+
+def fuse_layer(layer, attention_type) -> None:
+    """One layer's q/k/v and gate/up fused and the layer marked `fusable` when its parts are exactly
+    `attention_type`, MLP, Linear and RMSNorm (anything else keeps the op-by-op path)."""
+    att, mlp = layer.self_attn, layer.mlp
+    if type(att) is not attention_type or type(mlp) is not MLP:
+        return
+    if type(att.o_proj) is not Linear or type(mlp.down_proj) is not Linear:  # tensor parallel
+        return
+    if any(type(n) is not RMSNorm for n in (layer.input_layernorm, layer.post_attention_layernorm,
+                                             att.q_norm or layer.input_layernorm,
+                                             att.k_norm or layer.input_layernorm)):
+        return
+    att.qkv = FusedProjection.build([att.q_proj, att.k_proj, att.v_proj])
+    mlp.gate_up = FusedProjection.build([mlp.gate_proj, mlp.up_proj])
+    layer.fusable = att.qkv is not None and mlp.gate_up is not None
+    layer._fused = None
 
 
 class Backbone(nn.Module):
@@ -324,14 +350,7 @@ class TargetModel(nn.Module):
         states = [layer._fused_state(x, cos, kv_caches[i]) for i, layer in enumerate(layers)]
         if any(s is None for s in states):
             return None
-        # (the layer states it was built from, the stack state); families that skip TargetModel.__init__ have none
-        key, cached = getattr(self, "_stack", ([], None))
-        if cached is None or len(key) != len(states) or any(a is not b for a, b in zip(key, states)):
-            from ..plugins import layer
-
-            cached = layer.make_stack(states)
-            self._stack = (states, cached)  # rebuilt whenever a layer's state is
-        return cached
+        return cached_stack(self, states)
 
     def finish(self, x: torch.Tensor, captured: dict, capture: bool):
         """Final norm, and the captured layer outputs concatenated in the drafter config's order (duplicates

@@ -15,8 +15,10 @@ from .verify import accept  # noqa: F401
 NGRAM_DEFAULT_K = 7  # as many as the embedded DFlash pair drafts: the policy shortens it where rows cost
 
 
-def make_proposer(cfg: SpecConfig, target, drafter, draft_caches, page_size: int, device, ops=None):
-    """The proposer of cfg.method (an autoregressive engine gets the no-op one)."""
+def make_proposer(cfg: SpecConfig, target, drafter, draft_caches, page_size: int, device, ops=None,
+                  scratch: tuple[int, int] = (0, 0)):
+    """The proposer of cfg.method (an autoregressive engine gets the no-op one). scratch: (first slot, slots) of
+    the drafter caches' rows outside every block table (kv_cache.KVPlan.draft_scratch)."""
     from .interface import Proposer
 
     if cfg.method == "dflash":
@@ -26,7 +28,7 @@ def make_proposer(cfg: SpecConfig, target, drafter, draft_caches, page_size: int
             from .dflash2 import DFlash2Proposer
             return DFlash2Proposer(drafter, target, draft_caches, page_size, device, ops)
         from .dflash import DFlashProposer
-        return DFlashProposer(drafter, target, draft_caches, page_size, device, ops)
+        return DFlashProposer(drafter, target, draft_caches, page_size, device, ops, scratch)
     if cfg.method == "ngram":
         from .ngram import NGramProposer
         return NGramProposer(cfg.ngram_max, cfg.ngram_min, NGRAM_DEFAULT_K)

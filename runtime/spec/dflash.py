@@ -40,8 +40,11 @@ class DFlashProposer(Proposer):
     PENDING_BYTES = 8 << 20  # a request's queued features before they are written anyway (memory bound)
     PARKED_BYTES = 64 << 20  # features finished requests owe cached blocks, all requests together
 
-    def __init__(self, drafter: DFlashDrafter, target, caches, page_size: int, device, ops=None):
+    def __init__(self, drafter: DFlashDrafter, target, caches, page_size: int, device, ops=None,
+                 scratch: tuple[int, int] = (0, 0)):
         self.drafter, self.target, self.caches = drafter, target, caches
+        # drafter cache rows outside every block table, where a fused CPU pass writes its blocks' K/V
+        self.scratch = torch.arange(scratch[0], sum(scratch), device=device) if scratch[1] else None
         self.page, self.device, self.ops = page_size, torch.device(device), ops
         self.feature_layers = list(drafter.cfg.target_layer_ids)
         self.tp_head = getattr(target, "tp", None)  # vocab-split head under tensor parallelism
@@ -77,7 +80,7 @@ class DFlashProposer(Proposer):
         self.write_context([w.seq.seq_id for w in work])  # their whole context before the drafter reads it
         ids_t, pos_t, slices = self._blocks(work)
         d, b = self.drafter, self.block_size
-        hidden = d(self.target.embed(ids_t), pos_t, self.caches, slices)
+        hidden = d(self.target.embed(ids_t), pos_t, self.caches, slices, self.scratch)
         rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
                             device=self.device)
         head_rows = hidden.index_select(0, rows)
