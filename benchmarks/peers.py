@@ -1,10 +1,10 @@
 """Peers side by side on the same prompts and model, batch 1, same threads, greedy, fixed output length (EOS
-ignored everywhere): Hugging Face `generate` (AR), the z-lab reference `dflash.model.dflash_generate` (DFlash),
+ignored everywhere; with --respect-eos each stops at its EOS or max tokens, as the z-lab benchmark does): Hugging Face `generate` (AR), the z-lab reference `dflash.model.dflash_generate` (DFlash),
 llama.cpp through llama-cpp-python (AR on a GGUF), and ours (AR and DFlash).
 
     python benchmarks/peers.py [--target DIR --draft DIR] [--dataset humaneval] [--num-prompts 4]
                                [--max-tokens 64] [--threads 2] [--dtype float32|bfloat16] [--weights auto|bf16|int8|w8a8|fp8]
-                               [--gguf FILE] [--llamacpp-bin DIR] [--only ours,hf,zlab,llamacpp]
+                               [--gguf FILE] [--llamacpp-bin DIR] [--only ours,hf,zlab,llamacpp] [--respect-eos]
 
 Default model: the embedded SmolLM2-135M-Instruct pair. Its llama.cpp models come from one F32 GGUF made by
 dequantising the very Q4_1 GGUF our checkpoint was converted from (same weights as ours, bit for bit): that F32
@@ -63,17 +63,17 @@ def summary(runs: list[Run]) -> dict:
 
 # -- peers: each loads once, then runs one prompt at a time (the main loop interleaves them) -----------------
 class Ours:
-    def __init__(self, target, draft, speculative, max_seq_len, **engine):
+    def __init__(self, target, draft, speculative, max_seq_len, respect_eos=False, **engine):
         from dflash_trt import LLM, SamplingParams
 
-        self.sp_cls, self.spec = SamplingParams, speculative
+        self.sp_cls, self.spec, self.eos = SamplingParams, speculative, respect_eos
         self.llm = LLM(target=target, draft=draft if speculative else None, speculative=speculative,
                        max_batch_size=1, max_seq_len=max_seq_len, **engine)
         self.taus = []
 
     def run(self, p, n):
         t0 = time.perf_counter()
-        o = self.llm.generate([p], self.sp_cls(max_tokens=n, ignore_eos=True))[0]
+        o = self.llm.generate([p], self.sp_cls(max_tokens=n, ignore_eos=not self.eos))[0]
         t1 = time.perf_counter()
         if self.spec:
             self.taus.append((o.accepted + o.num_drafts, o.num_drafts))
@@ -116,8 +116,8 @@ class _FirstTokenClock:
 
 
 class HFGenerate:
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, respect_eos=False):
+        self.model, self.eos = model, respect_eos
         eos = model.config.eos_token_id
         self.pad = eos[0] if isinstance(eos, (list, tuple)) else eos
 
@@ -126,7 +126,8 @@ class HFGenerate:
         clock = _FirstTokenClock()
         with torch.inference_mode():
             t0 = time.perf_counter()
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                      min_new_tokens=1 if self.eos else n,
                                       do_sample=False, streamer=clock, pad_token_id=self.pad)
             t1 = time.perf_counter()
         return Run(out.shape[1] - ids.shape[1], t1 - t0, clock.first - t0, out[0, ids.shape[1]:].tolist())
@@ -140,17 +141,20 @@ class HFGenerate:
 
 
 class ZLab:
-    def __init__(self, model, draft):
+    def __init__(self, model, draft, respect_eos=False):
         import dflash.model as zm
 
         zm._cuda_time = time.perf_counter  # its timer calls torch.cuda.synchronize
         self.zm, self.target = zm, model
         self.draft = zm.DFlashDraftModel.from_pretrained(draft, dtype=torch.float32).eval()
         self.acc = []
+        eos = model.config.eos_token_id
+        self.stop = None if not respect_eos else list(eos) if isinstance(eos, (list, tuple)) else [eos]
 
     def run(self, p, n):
         t0 = time.perf_counter()
-        st = self.zm.dflash_generate(self.draft, self.target, torch.tensor([p]), n, None, 0.0, return_stats=True)
+        st = self.zm.dflash_generate(self.draft, self.target, torch.tensor([p]), n, self.stop, 0.0,
+                                     return_stats=True)
         t1 = time.perf_counter()
         self.acc += st.acceptance_lengths  # tokens committed per step: tau
         # time_to_first_token: the prefill alone (the wall time also holds its cache set-up)
@@ -169,10 +173,10 @@ class ZLab:
 
 
 class LlamaCpp:
-    def __init__(self, gguf, n_ctx, threads):
+    def __init__(self, gguf, n_ctx, threads, respect_eos=False):
         from llama_cpp import Llama
 
-        self.gguf = gguf
+        self.gguf, self.eos = gguf, respect_eos
         self.llm = Llama(model_path=gguf, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
                          verbose=False)
 
@@ -185,7 +189,7 @@ class LlamaCpp:
             ids.append(int(tok))
             if first is None:
                 first = time.perf_counter()
-            if got >= n:  # EOS ignored, as for every other peer
+            if got >= n or (self.eos and self.llm.token_eos() == int(tok)):  # the EOS counts, as ours does
                 break
         return Run(got, time.perf_counter() - t0, first - t0, ids)
 
@@ -205,10 +209,10 @@ class LlamaCppDFlash:
     STATS = {"enc": r"encoded\s+\d+ tokens in\s+([\d.]+) seconds", "dec": r"decoded\s+\d+ tokens in\s+([\d.]+) seconds",
              "n_predict": r"n_predict\s*=\s*(\d+)", "n_accept": r"n_accept\s*=\s*(\d+)"}
 
-    def __init__(self, binary, target_gguf, draft_gguf, tokenizer, n_ctx, threads, block_size):
+    def __init__(self, binary, target_gguf, draft_gguf, tokenizer, n_ctx, threads, block_size, respect_eos=False):
         self.cmd = [binary, "-m", target_gguf, "-md", draft_gguf, "--spec-type", "draft-dflash",
                     "--spec-draft-n-max", str(block_size - 1), "-c", str(n_ctx), "-t", str(threads),
-                    "-tb", str(threads), "-td", str(threads), "--temp", "0", "--ignore-eos"]
+                    "-tb", str(threads), "-td", str(threads), "--temp", "0"] + ([] if respect_eos else ["--ignore-eos"])
         self.target_gguf, self.draft_gguf, self.block = target_gguf, draft_gguf, block_size
         self.tok = tokenizer
         self.predicted = self.accepted = 0
@@ -347,6 +351,8 @@ def main():
                     "(build/bin/llama-speculative-simple, convert_hf_to_gguf.py): the llamacpp-dflash peer")
     ap.add_argument("--only", default="ours,hf,zlab,llamacpp",
                     help="ours, hf, zlab, llamacpp (all of llamacpp-f32,-bf16,-q8_0,-q4_1,-dflash), or single ones")
+    ap.add_argument("--respect-eos", action="store_true",
+                    help="every peer stops at its EOS (or --max-tokens): answers only, as the z-lab benchmark runs")
     args = ap.parse_args()
     only = _only(args.only)
     if args.num_prompts < 1 or args.max_tokens < 2 or args.threads < 1:
@@ -358,7 +364,8 @@ def main():
             raise SystemExit(f"peers: --llamacpp-dir {args.llamacpp_dir} has no build/bin/llama-speculative-simple or "
                              "convert_hf_to_gguf.py: build it as docs/cpu_performance.md says")
     torch.set_num_threads(args.threads)
-    engine = {"dtype": args.dtype, "weights": args.weights}
+    engine = {"dtype": args.dtype, "weights": args.weights, "respect_eos": args.respect_eos}
+    eos = args.respect_eos
     ours = f"ours ({args.dtype}{'' if args.weights == 'auto' else ', weights ' + args.weights})"
 
     from dflash_trt.bench.datasets import load_dataset, select
@@ -391,7 +398,7 @@ def main():
 
         hf_model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     if "hf" in only:
-        add("HF generate (AR, fp32)", lambda: HFGenerate(hf_model))
+        add("HF generate (AR, fp32)", lambda: HFGenerate(hf_model, eos))
     wanted = [k for k in LLAMACPP_KINDS if f"llamacpp-{k}" in only]
     if wanted:
         try:
@@ -415,7 +422,7 @@ def main():
         for kind in ("f32", "bf16", "q8_0", "q4_1"):
             if kind in wanted and kind in files:
                 add(f"llama.cpp AR ({os.path.basename(files[kind])})",
-                    lambda f=files[kind]: LlamaCpp(f, seq_len, args.threads))
+                    lambda f=files[kind]: LlamaCpp(f, seq_len, args.threads, eos))
         if "dflash" in wanted and "f32" in files and args.draft and not args.gguf:
             if spec_bin is None:
                 print("[peers] llama.cpp DFlash skipped: pass --llamacpp-dir (docs/cpu_performance.md builds it)",
@@ -428,7 +435,8 @@ def main():
                 dg = drafter_gguf(args.draft, args.target, os.path.join(args.llamacpp_dir, "convert_hf_to_gguf.py"),
                                   os.path.dirname(files["f32"]))
                 add(f"llama.cpp DFlash ({os.path.basename(files['f32'])})",
-                    lambda: LlamaCppDFlash(spec_bin, files["f32"], dg, enc.tokenizer, seq_len, args.threads, block))
+                    lambda: LlamaCppDFlash(spec_bin, files["f32"], dg, enc.tokenizer, seq_len, args.threads, block,
+                                           eos))
     if args.draft and "ours" in only:
         add(f"{ours} DFlash", lambda: Ours(args.target, args.draft, True, seq_len, **engine))
     if args.draft and "zlab" in only:
@@ -437,7 +445,7 @@ def main():
         except ImportError:
             print("[peers] z-lab reference skipped: pip install --no-deps dflash==0.1.0", file=sys.stderr)
         else:
-            add("z-lab dflash_generate (fp32)", lambda: ZLab(hf_model, args.draft))
+            add("z-lab dflash_generate (fp32)", lambda: ZLab(hf_model, args.draft, eos))
     if not peers:
         raise SystemExit("peers: no peer to run (see the lines above)")
 
@@ -461,7 +469,7 @@ def main():
     base = ref[1]["e2e"] if ref else None
     ref_text = [enc.tokenizer.decode(r.ids) for r in ref[3]] if ref else None
     print(f"\n{os.path.basename(args.target)}, {args.dataset}: {len(prompts)} prompts x {n} tokens, batch 1, "
-          f"{args.threads} threads, greedy, EOS ignored")
+          f"{args.threads} threads, greedy, {'each to its EOS' if eos else 'EOS ignored'}")
     print(f"floors: read bandwidth {bw / membw.GB:.1f} GB/s (torch.sum over 512 MiB), peak {peak / 1e9:.0f} GFLOP/s "
           "(fp32 torch.matmul); floor = sum over a step's passes of max(weight bytes / bandwidth, FLOPs / peak), "
           "over tau")
