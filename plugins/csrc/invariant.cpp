@@ -1066,10 +1066,11 @@ BI_INLINE V16 vexp(V16 x) {
 // first quad (panels pstride int32 apart). Integer sums are exact, so how they are formed never shows.
 typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*);
 #ifndef BI_PF_FAR
-// 128-byte k-steps of a weight panel (32 KiB) fetched ahead into L2 besides the near L1 prefetch. The near one
-// alone leaves the stream ~200 ns ahead, about one DRAM latency: a compute-bound tile of many rows then waits on
-// memory between its dot products. Cold 30-layer sweep of the embedded model in bf16 k-pairs: 8 rows
-// -10 to -13%, 1 row -5%; W8A8 1 row -7% (benchmarks in docs/cpu_performance.md, session 18).
+// 128-byte k-steps of a weight panel (32 KiB) fetched ahead into L2 by tiles of 2+ rows, besides the near L1
+// prefetch. The near one alone leaves the stream ~200 ns ahead, about one DRAM latency: a compute-bound tile of
+// several rows then waits on memory between its dot products. A one-row tile is a pure stream the hardware
+// prefetchers serve (the far prefetch made a W8A8 AR step 3.5% slower). DFlash steps of the embedded pair,
+// in-process A/B: bf16 -4%, W8A8 -4% (docs/cpu_performance.md, session 18).
 #define BI_PF_FAR 256
 #endif
 #if BI_KERNEL_PASS == 1
@@ -1106,7 +1107,7 @@ static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_
       for (int h = 0; h < 2; ++h) {
         b[j][h] = _mm512_xor_si512(_mm512_loadu_si512((const void*)(w + j * pstride + q * 32 + 16 * h)), flip);
         _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_QUADS) * 32 + 16 * h), _MM_HINT_T0);
-        _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_FAR) * 32 + 16 * h), _MM_HINT_T1);
+        if (MR > 1) _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_FAR) * 32 + 16 * h), _MM_HINT_T1);
       }
     for (int m = 0; m < MR; ++m) {
       uint32_t quad;
@@ -1341,15 +1342,17 @@ BI_INLINE uint32_t x_pair(const uint16_t* xh, int64_t i) {
 #define BI_PF_MIN_ROWS 4
 #endif
 // the BF16P panel's k-pair q + BI_PF_PAIRS into L1, for tiles of MR rows (both halves of its 32 columns), and
-// k-pair q + BI_PF_FAR into L2 for every tile
+// k-pair q + BI_PF_FAR into L2 for tiles of several rows
 template <int MR>
 BI_INLINE void prefetch_pairs(const uint32_t* wp, int64_t q) {
   if (MR >= BI_PF_MIN_ROWS) {
     _mm_prefetch((const char*)(wp + (q + BI_PF_PAIRS) * 32), _MM_HINT_T0);
     _mm_prefetch((const char*)(wp + (q + BI_PF_PAIRS) * 32 + 16), _MM_HINT_T0);
   }
-  _mm_prefetch((const char*)(wp + (q + BI_PF_FAR) * 32), _MM_HINT_T1);
-  _mm_prefetch((const char*)(wp + (q + BI_PF_FAR) * 32 + 16), _MM_HINT_T1);
+  if (MR > 1) {
+    _mm_prefetch((const char*)(wp + (q + BI_PF_FAR) * 32), _MM_HINT_T1);
+    _mm_prefetch((const char*)(wp + (q + BI_PF_FAR) * 32 + 16), _MM_HINT_T1);
+  }
 }
 
 template <int MR, int NP, int WK>
@@ -1409,7 +1412,7 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
       for (int j = 0; j < NP; ++j) {
         vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
         _mm_prefetch((const char*)(wp[j] + (k + 16) * 16), _MM_HINT_T0);  // one line per k, 1 KiB ahead
-        _mm_prefetch((const char*)(wp[j] + (k + 2 * BI_PF_FAR) * 16), _MM_HINT_T1);  // and into L2, 32 KiB ahead
+        if (MR > 1) _mm_prefetch((const char*)(wp[j] + (k + 2 * BI_PF_FAR) * 16), _MM_HINT_T1);  // and into L2, 32 KiB ahead
       }
       for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
