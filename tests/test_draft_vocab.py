@@ -70,3 +70,27 @@ def test_bad_draft_vocab_is_one_line_error(pair, content, what):
     assert r.returncode == 2, r.stderr
     assert "draft_vocab.json" in r.stderr and what in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_draft_confidence_is_the_drafters_probability_of_its_token(pair, softcap):
+    """draft_tokens(confidence=True): each row's token is the argmax and its confidence the softmax probability
+    of that token, over the draft vocabulary when there is one and over the whole head otherwise (what the
+    confidence cut compares with its threshold)."""
+    root, t, d = pair
+    sub = with_vocab(root, d, "conf_sub", range(3, tiny.VOCAB, 2))
+    g = torch.Generator().manual_seed(7)
+    for draft in (d, sub):
+        eng = LLM(target=t, draft=draft, draft_len_policy="fixed").engine
+        dr, head = eng.proposer.drafter, eng.target.logits
+        dr.cfg.final_logit_softcapping = softcap
+        hidden = torch.randn(6, dr.cfg.hidden_size, generator=g) * 3
+        toks, conf = dr.draft_tokens(hidden, head, confidence=True)
+        if dr.vocab_ids is None:
+            logits, ids = dr.logits(hidden, head), torch.arange(tiny.VOCAB)
+        else:
+            logits, ids = dr._softcap(hidden @ dr.vocab_head.float().T * dr.cfg.output_multiplier), dr.vocab_ids
+        p = torch.softmax(logits.double(), -1)
+        assert torch.equal(toks, ids[p.argmax(-1)])
+        assert torch.allclose(conf.double(), p.max(-1).values, rtol=1e-4, atol=1e-6)
+        assert torch.equal(dr.draft_tokens(hidden, head), toks)
