@@ -90,6 +90,29 @@ def test_policy_confidence_cut_defaults_and_rule():
     assert p.cut(lens, None) == lens
 
 
+def test_policy_break_even_shortcut_is_exact():
+    """drafts_at skips the cost model only where nothing pays: it equals best_draft_len everywhere, at every
+    batch, cap and margin, for straight-line costs and measured curves alike; a shortcut that cut at the
+    bisection's high end would draft nothing just above the true break-even."""
+    from dflash_trt.spec import policy as P
+
+    measured = StepCosts(row=0.17, draft=0.3, draft_row=0.17,
+                         curve=((1, 1.17), (4, 1.64), (16, 3.76), (32, 6.03)), draft_curve=((1, 0.47), (4, 0.92), (16, 3.1)))
+    for costs in (StepCosts.for_device("cpu"), measured, FREE, DEAR):
+        lengths = P.DraftLengthPolicy("adaptive", costs)
+        for batch in (1, 2, 4, 16, 32):
+            for k_cap in (1, 3, 7):
+                for margin in (0.0, P.MARGIN):
+                    for i in range(401):
+                        p = i / 400
+                        assert lengths.drafts_at(p, k_cap, batch, margin) == \
+                            P.best_draft_len(p, k_cap, batch, costs, margin), (costs, batch, k_cap, margin, p)
+    lengths = P.DraftLengthPolicy("adaptive", measured)
+    edge = lengths._nothing_pays_up_to(7, 1, P.MARGIN)
+    assert 0 < edge < 1 and P.best_draft_len(edge, 7, 1, measured, P.MARGIN) == 0
+    assert P.best_draft_len(edge + 1e-6, 7, 1, measured, P.MARGIN) > 0
+
+
 def test_policy_pass_free_proposers_draft_for_free():
     cfg = SpecConfig(method="ngram")
     p = SpecPolicy.for_device(cfg, 7, "cpu", {"row": 0.1, "draft": 0.4, "draft_row": 0.2}, pass_cost=False)

@@ -194,6 +194,7 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         self.engine_rate = AcceptanceEstimate(decay=0.98)  # the prior of new requests
         self.iteration = 0
         self.last_draft = 0  # the last iteration in which any request drafted (or probed)
+        self._break_even: dict[tuple, float] = {}  # (k_cap, batch, margin) -> p at or below which nothing pays
 
     def begin_iteration(self) -> None:
         self.iteration += 1
@@ -208,10 +209,33 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         est.update(k, accepted)
         self.engine_rate.update(k, accepted)
 
+    def drafts_at(self, p: float, k_cap: int, batch: int, margin: float = 0.0) -> int:
+        """best_draft_len(p, k_cap, batch, costs, margin), without its cost model where p is at or below the
+        acceptance at which nothing pays: a loaded batch's requests that do not draft then cost the policy one
+        comparison each (the model's piecewise lines for every K and request cost a batch of 16 ~1% of a step)."""
+        key = (k_cap, batch, margin)
+        lo = self._break_even.get(key)
+        if lo is None:
+            lo = self._break_even[key] = self._nothing_pays_up_to(k_cap, batch, margin)
+        return 0 if p <= lo else best_draft_len(p, k_cap, batch, self.costs, margin)
+
+    def _nothing_pays_up_to(self, k_cap: int, batch: int, margin: float) -> float:
+        """An acceptance at or below which no K pays (a K's rate grows with p, so 'some K pays' is monotone in
+        p): the low end of a bisection, never above the true break-even, so `drafts_at` stays exact."""
+        lo, hi = 0.0, 1.0
+        if best_draft_len(hi, k_cap, batch, self.costs, margin) == 0:
+            return hi
+        if best_draft_len(lo, k_cap, batch, self.costs, margin) > 0:
+            return -1.0
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if best_draft_len(mid, k_cap, batch, self.costs, margin) > 0 else (mid, hi)
+        return lo
+
     def choose(self, est: AcceptanceEstimate | None, k_cap: int, batch: int) -> int:
         if self.mode == "fixed" or k_cap <= 0 or est is None:
             return k_cap
-        k = best_draft_len(est.p, k_cap, batch, self.costs, MARGIN)
+        k = self.drafts_at(est.p, k_cap, batch, MARGIN)
         # A request that gave up drafting resumes only when the K pays at the estimate's lower bound too. Else
         # one landed probe lifts p over a thin gain (a batch whose verify rows cost), drafting resumes, the text
         # goes on as before and the steps cost more than they commit, until p falls again.
@@ -225,13 +249,13 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
             wait = est.probe_gap or self.probe_every
             # the cost model runs only on a probe iteration past the shortest wait, not every idle step
             if (self.iteration % self.probe_every == 0 and est.idle >= wait
-                    and best_draft_len(self.engine_rate.p, k_cap, batch, self.costs) == 0):
+                    and self.drafts_at(self.engine_rate.p, k_cap, batch) == 0):
                 wait = self.max_gap  # drafting does not pay at the rate the drafter keeps on this traffic
             # requests shorter than max_gap never wait that long: the engine then probes one request itself
             # every max_gap iterations, or its rate (the prior of every new request) could never learn
             quiet = self.iteration - self.last_draft >= self.max_gap
             if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0
-                    and best_draft_len(HOPEFUL_P, k_cap, batch, self.costs) > 0):
+                    and self.drafts_at(HOPEFUL_P, k_cap, batch) > 0):
                 est.idle, k, est.probing = 0, 1, True
                 est.probe_gap = est.probe_gap or self.probe_every
                 self.last_draft = self.iteration
