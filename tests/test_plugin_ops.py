@@ -200,6 +200,31 @@ def test_greedy_verify_edges():
         OPS.dflash_greedy_verify(torch.tensor([[1, 1]]), torch.tensor([2]), logits, torch.tensor([1]))
 
 
+def test_greedy_verify_argmax_edges_past_the_first_lanes():
+    """The float32 argmax (16-lane passes with a masked tail) is torch.argmax's: ties across lanes and chunks go
+    to the first index, -0.0 ties 0.0, a NaN anywhere wins, all--inf rows choose 0, any row length."""
+    g = torch.Generator().manual_seed(22)
+    for n in (1, 15, 16, 17, 31, 33, 49152 + 5):
+        rows = torch.randn(9, n, generator=g)
+        rows[1] = 2.0  # all equal: index 0
+        rows[2, n // 2:] = 50.0  # a tie from the middle on: its first index
+        rows[3] = float("-inf")
+        rows[4, -1] = float("nan")  # a NaN in the tail
+        rows[5, 0] = float("nan")
+        rows[6] = -0.0
+        rows[6, n - 1] = 0.0  # -0.0 == 0.0: index 0
+        rows[7, -1] = 1e30  # the maximum in the masked tail
+        rows[8] = rows[8].abs().neg()
+        for logits in (rows, torch.cat([rows, rows], 1)[:, :n]):  # contiguous and row-strided
+            got = OPS.dflash_greedy_verify(torch.zeros(9, 1, dtype=torch.int64), torch.zeros(9, dtype=torch.int64),
+                                           logits, torch.arange(9))
+            assert got[0].tolist() == torch.argmax(logits, -1).tolist(), n
+        clean = rows[[0, 1, 2, 3, 6, 7, 8]]  # no NaN: the vector path alone decides every row
+        got = OPS.dflash_greedy_verify(torch.zeros(7, 1, dtype=torch.int64), torch.zeros(7, dtype=torch.int64),
+                                       clean, torch.arange(7))
+        assert got[0].tolist() == torch.argmax(clean, -1).tolist(), n
+
+
 @pytest.mark.parametrize("vocab", [49152, 151936])
 def test_greedy_verify_large_vocab(vocab):
     g = torch.Generator().manual_seed(vocab)
