@@ -1067,10 +1067,9 @@ BI_INLINE V16 vexp(V16 x) {
 typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*);
 #ifndef BI_PF_FAR
 // 128-byte k-steps of a weight panel (32 KiB) fetched ahead into L2 by tiles of 2+ rows, besides the near L1
-// prefetch. The near one alone leaves the stream ~200 ns ahead, about one DRAM latency: a compute-bound tile of
-// several rows then waits on memory between its dot products. A one-row tile is a pure stream the hardware
-// prefetchers serve (the far prefetch made a W8A8 AR step 3.5% slower). DFlash steps of the embedded pair,
-// in-process A/B: bf16 -4%, W8A8 -4% (docs/cpu_performance.md, session 18).
+// prefetch. The near one alone runs about one DRAM latency ahead, so a compute-bound tile of several rows waits
+// on memory between its dot products. A one-row tile is a pure stream the hardware prefetchers serve, where
+// the extra prefetches only take issue slots and fill buffers.
 #define BI_PF_FAR 256
 #endif
 #if BI_KERNEL_PASS == 1

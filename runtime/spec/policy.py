@@ -212,7 +212,7 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
     def drafts_at(self, p: float, k_cap: int, batch: int, margin: float = 0.0) -> int:
         """best_draft_len(p, k_cap, batch, costs, margin), without its cost model where p is at or below the
         acceptance at which nothing pays: a loaded batch's requests that do not draft then cost the policy one
-        comparison each (the model's piecewise lines for every K and request cost a batch of 16 ~1% of a step)."""
+        comparison each instead of pricing every K on the model's piecewise lines."""
         key = (k_cap, batch, margin)
         lo = self._break_even.get(key)
         if lo is None:
