@@ -364,7 +364,7 @@ def main():
             raise SystemExit(f"peers: --llamacpp-dir {args.llamacpp_dir} has no build/bin/llama-speculative-simple or "
                              "convert_hf_to_gguf.py: build it as docs/cpu_performance.md says")
     torch.set_num_threads(args.threads)
-    engine = {"dtype": args.dtype, "weights": args.weights, "respect_eos": args.respect_eos}
+    engine = {"dtype": args.dtype, "weights": args.weights}
     eos = args.respect_eos
     ours = f"ours ({args.dtype}{'' if args.weights == 'auto' else ', weights ' + args.weights})"
 
@@ -391,7 +391,7 @@ def main():
         peers.append((name, make()))
 
     if "ours" in only:
-        add(f"{ours} AR", lambda: Ours(args.target, None, False, seq_len, **engine))
+        add(f"{ours} AR", lambda: Ours(args.target, None, False, seq_len, eos, **engine))
     hf_model = None
     if "hf" in only or ("zlab" in only and args.draft):
         from transformers import AutoModelForCausalLM
@@ -438,7 +438,7 @@ def main():
                     lambda: LlamaCppDFlash(spec_bin, files["f32"], dg, enc.tokenizer, seq_len, args.threads, block,
                                            eos))
     if args.draft and "ours" in only:
-        add(f"{ours} DFlash", lambda: Ours(args.target, args.draft, True, seq_len, **engine))
+        add(f"{ours} DFlash", lambda: Ours(args.target, args.draft, True, seq_len, eos, **engine))
     if args.draft and "zlab" in only:
         try:
             import dflash.model  # noqa: F401

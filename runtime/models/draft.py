@@ -17,6 +17,7 @@ from ..config import DraftConfig
 from ..errors import CheckpointError
 from ..rope import RotaryTable, apply_rope
 from .. import ops
+from ..attention import AttentionBatch
 from .target import MLP, Linear, RMSNorm, cached_stack, fuse_layer, fused_layer_state
 
 
@@ -27,22 +28,16 @@ class DraftSlice:
     ctx_slots: torch.Tensor  # flat draft-cache slots of context positions 0..ctx_len-1
 
 
-@dataclass
-class BlockBatch:
-    """A drafter pass's rows as the fused layer op addresses them (attention.AttentionBatch's kernel fields)."""
-    slot_mapping: torch.Tensor  # where each block row's K/V is written: a scratch slot
-    kernel_args: tuple  # (q_start, q_len, kv_len, kv_slots, kv_offsets): context slots, then the block's
-
-
-def block_batch(slices: list[DraftSlice], scratch: torch.Tensor) -> BlockBatch:
-    """Each block attends (non-causally) to its request's context slots and its own rows' scratch slots."""
+def block_batch(slices: list[DraftSlice], scratch: torch.Tensor) -> AttentionBatch:
+    """A drafter pass's rows as the fused layer op addresses them (slot_mapping and kernel_args): each block
+    writes its K/V to scratch slots and attends (non-causally) to its request's context slots, then to those."""
     rows = sum(s.q_len for s in slices)
     mapping = scratch[:rows]
     kv = [t for s in slices for t in (s.ctx_slots, mapping[s.q_start:s.q_start + s.q_len])]
     lens = [s.ctx_slots.numel() + s.q_len for s in slices]
     meta = torch.tensor([[s.q_start, s.q_len, n] for s, n in zip(slices, lens)], dtype=torch.int64).T.contiguous()
     offs = torch.tensor(list(accumulate(lens[:-1], initial=0)), dtype=torch.int64)
-    return BlockBatch(mapping, (meta[0], meta[1], meta[2], torch.cat(kv), offs))
+    return AttentionBatch([], mapping, kernel_args=(meta[0], meta[1], meta[2], torch.cat(kv), offs))
 
 
 class DraftAttention(nn.Module):
@@ -173,9 +168,9 @@ class DFlashDrafter(nn.Module):
         cos, sin = self.rotary(positions, x.dtype)
         stack = self._fused_stack(x, cos, caches, scratch)
         if stack is not None:
-            from ..plugins import layer
+            from ..plugins import layer as fused
 
-            return self.norm(layer.run_stack(stack, x, cos, sin, caches, block_batch(slices, scratch), [])[0])
+            return self.norm(fused.run_stack(stack, x, cos, sin, caches, block_batch(slices, scratch), [])[0])
         for layer, cache in zip(self.layers, caches):
             x = layer(x, cos, sin, cache, slices, positions)
         return self.norm(x)

@@ -176,21 +176,17 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache, batch):
         if self.fusable and batch.kernel_args is not None and x.dim() == 2 and ops._use_bi(x):
-            state = self._fused_state(x, cos, kv_cache)
+            state = fused_layer_state(self, x, cos, kv_cache)
             if state is not None:
                 from ..plugins import layer
                 return layer.run(state, x, cos, sin, kv_cache, batch)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def _fused_state(self, x, cos, kv_cache):
-        """The C++ layer op's state when this call can run as one op (the same bits as the modules), else None."""
-        return fused_layer_state(self, x, cos, kv_cache)
-
 
 def fused_layer_state(layer, x, cos, kv_cache):
     """The C++ layer op's state of a fused layer (`fuse_layer`: a target's DecoderLayer or a drafter's layer) for
-    this call, built once and kept on the layer until a linear's weights change; None when the call cannot run
+    this call (the same bits as its modules), built once and kept on the layer until a linear's weights change; None when the call cannot run
     as one op. A drafter's layers (attention `causal` False) attend non-causally."""
     f = layer._fused
     if (f is not None and f[2] == _WEIGHTS_EPOCH[0] and f[0][-1] is x.dtype and cos.dtype == x.dtype
@@ -347,7 +343,7 @@ class TargetModel(nn.Module):
         if (not layers or batch.kernel_args is None or x.dim() != 2 or not ops._use_bi(x)
                 or not all(type(layer) is DecoderLayer and layer.fusable for layer in layers)):
             return None
-        states = [layer._fused_state(x, cos, kv_caches[i]) for i, layer in enumerate(layers)]
+        states = [fused_layer_state(layer, x, cos, kv_caches[i]) for i, layer in enumerate(layers)]
         if any(s is None for s in states):
             return None
         return cached_stack(self, states)
