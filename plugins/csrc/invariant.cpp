@@ -57,6 +57,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <memory>
 #include <vector>
 
 namespace bi {
@@ -68,7 +69,8 @@ namespace bi {
 enum DType : int { F32 = 0, BF16 = 1, F8 = 2, I8 = 3, I8Q = 4, BF16P = 5 };
 
 struct LinParams {
-  const float* x;   // [M, ldx] fp32
+  const float* x;   // [M, ldx] fp32, or null when xh holds the rows
+  const uint16_t* xh;  // BF16P only: [M, ldx] bf16 rows as given (already what the k-pair kernels multiply)
   int64_t ldx;
   int64_t xk0;      // column of x where the first chunk starts
   const void* w;    // packed panels: f32 [P][K][32], bf16 pairs [P][K][16] (u32 = hi:col j, lo:col j+16)
@@ -136,6 +138,8 @@ struct Kernels {
   void (*silu_rows)(const SiluParams&, int64_t r0, int64_t r1);
   void (*attn_items)(const AttnParams&, int64_t i0, int64_t i1, float* scratch);
   void (*selftest_reduce)(const float* a, float* out);  // out[j] = hsum16(a[16j..16j+15]) via reduce16
+  // W8A8: x's chunks per row as codes + 128 (q [M][chunks * chunk_len]) and scales (s [M][chunks])
+  void (*quantize_rows)(const LinParams&, int64_t M, uint8_t* q, float* s);
 };
 
 // the AVX2 W8A8 tile, for AVX-512 CPUs without VNNI
@@ -308,6 +312,13 @@ struct XRows {
   int64_t ldx;
   at::Tensor keep;
 };
+// rows of a bf16 x the BF16P kernels can pack as they are (rounding a bf16 to bf16 changes nothing), or null
+static const uint16_t* x_bf16_rows(const at::Tensor& x, int wt, int64_t& ldx) {
+  if (wt != BF16P || x.scalar_type() != at::kBFloat16 || x.stride(1) != 1) return nullptr;
+  ldx = x.size(0) > 1 ? x.stride(0) : x.size(1);
+  return (const uint16_t*)x.data_ptr();
+}
+
 static XRows x_rows(const at::Tensor& x) {
   const int64_t M = x.size(0), K = x.size(1);
   if (x.scalar_type() == at::kBFloat16 && x.stride(1) == 1) {
@@ -347,7 +358,8 @@ static int64_t packed_k(const at::Tensor& packed) {
   return weight_code(packed) == I8Q ? packed.size(1) * 4 : packed.size(1);
 }
 
-// W8A8: quantise the chunks' columns of x per row and chunk (the one definition every ISA consumes)
+// W8A8: quantise the chunks' columns of x per row and chunk (the kernel table's quantize_rows; every ISA's
+// version gives the same codes and scales)
 static void quantize_x(LinParams& p, int64_t M) {
   thread_local std::vector<uint8_t> q;  // per calling thread, reused: no allocation per decode step
   thread_local std::vector<float> s;
@@ -355,32 +367,7 @@ static void quantize_x(LinParams& p, int64_t M) {
   TORCH_CHECK(cl % 4 == 0, "bi_linear: a W8A8 weight needs chunks of a multiple of 4 columns, got ", cl);
   q.resize((size_t)(M * kx));
   s.resize((size_t)(M * p.nchunks));
-  for (int64_t m = 0; m < M; ++m)
-    for (int c = 0; c < p.nchunks; ++c) {
-      const float* x = p.x + m * p.ldx + p.xk0 + c * cl;
-      uint8_t* d = q.data() + m * kx + c * cl;
-      // SSE2 (every x86-64 CPU), the same instructions whichever kernel ISA runs; cl % 4 == 0
-      const __m128 sign = _mm_set1_ps(-0.0f);
-      __m128 amax = _mm_setzero_ps();
-      for (int64_t k = 0; k < cl; k += 4) amax = _mm_max_ps(amax, _mm_andnot_ps(sign, _mm_loadu_ps(x + k)));
-      alignas(16) float am[4];
-      _mm_store_ps(am, amax);
-      const float a = std::max(std::max(am[0], am[1]), std::max(am[2], am[3]));  // max is exact in any order
-      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
-      // round to nearest even by the 1.5 * 2^23 shift (|x * inv| <= 127, so exact), clamp, + 128
-      const __m128 vinv = _mm_set1_ps(inv), shift = _mm_set1_ps(12582912.0f);
-      const __m128 hi = _mm_set1_ps(127.0f), lo = _mm_set1_ps(-127.0f);
-      for (int64_t k = 0; k < cl; k += 4) {
-        __m128 v = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + k), vinv), shift), shift);
-        v = _mm_min_ps(hi, _mm_max_ps(lo, v));
-        __m128i i = _mm_add_epi32(_mm_cvttps_epi32(v), _mm_set1_epi32(128));
-        i = _mm_packs_epi32(i, i);
-        i = _mm_packus_epi16(i, i);
-        const int32_t four = _mm_cvtsi128_si32(i);
-        std::memcpy(d + k, &four, 4);
-      }
-      s[m * p.nchunks + c] = inv > 0.0f ? a / 127.0f : 0.0f;
-    }
+  K().quantize_rows(p, M, q.data(), s.data());
   p.xq = q.data();
   p.ldq = kx;
   p.xs = s.data();
@@ -418,7 +405,9 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
               "bi_linear: k_splits must be 1, 2, 4 or 8");
   TORCH_CHECK(Kp % k_splits == 0, "bi_linear: K=", Kp, " not divisible by k_splits=", k_splits);
   int yt = dtype_code(x, "x");
-  const XRows xr = x_rows(x);
+  int64_t ldh = 0;
+  const uint16_t* xh = x_bf16_rows(x, weight_code(packed), ldh);
+  const XRows xr = xh ? XRows{nullptr, ldh, at::Tensor()} : x_rows(x);
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "bi_linear: bias must have n elements");
@@ -428,6 +417,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   at::Tensor y = at::empty({M, n}, x.options());
   LinParams p{};
   p.x = xr.x;
+  p.xh = xh;
   p.ldx = xr.ldx;
   p.xk0 = 0;
   p.w = packed.data_ptr();
@@ -473,11 +463,14 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
                 " columns of the chunks");
     xk0 = 0;
   }
-  const XRows xr = x_rows(x);
+  int64_t ldh = 0;
+  const uint16_t* xh = x_bf16_rows(x, weight_code(packed), ldh);
+  const XRows xr = xh ? XRows{nullptr, ldh, at::Tensor()} : x_rows(x);
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, n}, x.options().dtype(at::kFloat));
   LinParams p{};
   p.x = xr.x;
+  p.xh = xh;
   p.ldx = xr.ldx;
   p.xk0 = xk0;
   p.w = packed.data_ptr();
@@ -591,7 +584,8 @@ static at::Tensor bi_silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const Kernels& k = K();
   if (rows > 0) {
     int T = nthreads();
-    if (rows * C < 32768) T = 1;
+    // from ~4 verify rows of a 1,536-wide MLP the exp work outweighs a fork/join (8 bf16 rows: 10.9 -> 7.8 us)
+    if (rows * C < 4096) T = 1;
     T = (int)std::min<int64_t>(T, rows);
     if (T == 1) {
       k.silu_rows(p, 0, rows);
@@ -687,15 +681,23 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   // below ~100 keys of a 576-wide decode row the fork/join costs what a second thread saves
   if (n_items < 2 || double(T) * double(max_kv) * double(H * D) < 6.0e4) Tn = 1;
   Tn = (int)std::min<int64_t>(Tn, n_items);
-  std::vector<float> scratch((size_t)scr * Tn);
+  // per call and thread, never read before written: no zeroing (a std::vector's zeroing of ~20 KiB per layer was
+  // most of this op's serial part)
+  thread_local std::unique_ptr<float[]> scratch;
+  thread_local size_t scratch_n = 0;
+  if (scratch_n < (size_t)scr * Tn) {
+    scratch_n = (size_t)scr * Tn;
+    scratch.reset(new float[scratch_n]);
+  }
+  float* const sbase = scratch.get();
   if (Tn == 1) {
-    k.attn_items(p, 0, n_items, scratch.data());
+    k.attn_items(p, 0, n_items, sbase);
   } else {
     const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(Tn)
     {
       CsrScope cs(csr);
-      float* s = scratch.data() + (size_t)scr * omp_get_thread_num();
+      float* s = sbase + (size_t)scr * omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
       for (int64_t c = 0; c < n_items; ++c) k.attn_items(p, c, c + 1, s);
     }
@@ -1638,7 +1640,7 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
     if (bytes) npw = 1;
 #endif
     // pack the block's tiles k-major (a 1-row fp32 tile is its own packing)
-    const void* xt0 = p.x + b0 * p.ldx + p.xk0;
+    const void* xt0 = p.x ? p.x + b0 * p.ldx + p.xk0 : nullptr;
     if (pairs) {  // x rounded to bf16 (nearest even), k-pairs of each row interleaved over the tile's rows
       if ((int64_t)hbuf.size() < rows * kx) hbuf.resize(rows * kx);
       if ((int64_t)hrow.size() < kx) hrow.resize(kx);
@@ -1647,11 +1649,18 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
       for (int64_t t = 0; t < nt; ++t) {
         const int mr = base + (t < extra ? 1 : 0);
         for (int m = 0; m < mr; ++m) {
-          const float* src = p.x + (r + m) * p.ldx + p.xk0;
-          uint16_t* h = mr == 1 ? d : hrow.data();
-          int64_t k = 0;
-          for (; k + 16 <= kx; k += 16) vstore_bf(h + k, vload(src + k));
-          if (k < kx) vstore_bf_n(h + k, vload_n(src + k, (int)(kx - k)), (int)(kx - k));
+          const uint16_t* h;
+          if (p.xh) {
+            h = p.xh + (r + m) * p.ldx + p.xk0;
+            if (mr == 1) std::memcpy(d, h, kx * 2);
+          } else {
+            const float* src = p.x + (r + m) * p.ldx + p.xk0;
+            uint16_t* hw = mr == 1 ? d : hrow.data();
+            int64_t k = 0;
+            for (; k + 16 <= kx; k += 16) vstore_bf(hw + k, vload(src + k));
+            if (k < kx) vstore_bf_n(hw + k, vload_n(src + k, (int)(kx - k)), (int)(kx - k));
+            h = hw;
+          }
           if (mr > 1)
             for (int64_t q = 0; q < kx / 2; ++q) std::memcpy(d + 2 * (q * mr + m), h + 2 * q, 4);
         }
@@ -2064,6 +2073,57 @@ static void selftest_reduce(const float* a, float* out) {
   vstore(out, reduce16(v));
 }
 
-static const Kernels kTable = {kIsaName, &linear_tile, &norm_rows, &silu_rows, &attn_items, &selftest_reduce};
+// W8A8 activations: per row and chunk a = max|x| (exact in any order), codes rint(x * (127 / a)) by the
+// 1.5 * 2^23 shift (|x * inv| <= 127, so exact, nearest even), clamped to +-127, stored + 128; scale a / 127
+static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
+  const int64_t cl = p.chunk_len, kx = cl * p.nchunks;
+  for (int64_t m = 0; m < M; ++m)
+    for (int c = 0; c < p.nchunks; ++c) {
+      const float* x = p.x + m * p.ldx + p.xk0 + c * cl;
+      uint8_t* d = q + m * kx + c * cl;
+#if BI_KERNEL_PASS == 1
+      __m512 amax = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k + 16 <= cl; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+      const __mmask16 tail = mask16((int)(cl - k));
+      if (k < cl) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + k)));
+      const float a = _mm512_reduce_max_ps(amax);
+      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
+      const __m512 vinv = _mm512_set1_ps(inv), shift = _mm512_set1_ps(12582912.0f);
+      const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+      const __m512i off = _mm512_set1_epi32(128);
+      for (k = 0; k < cl; k += 16) {
+        const __mmask16 mk = k + 16 <= cl ? (__mmask16)0xFFFF : tail;
+        __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + k), vinv), shift), shift);
+        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+        _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_add_epi32(_mm512_cvttps_epi32(v), off));
+      }
+#else
+      // SSE2 (every x86-64 CPU); cl % 4 == 0
+      const __m128 sign = _mm_set1_ps(-0.0f);
+      __m128 amax = _mm_setzero_ps();
+      for (int64_t k = 0; k < cl; k += 4) amax = _mm_max_ps(amax, _mm_andnot_ps(sign, _mm_loadu_ps(x + k)));
+      alignas(16) float am[4];
+      _mm_store_ps(am, amax);
+      const float a = std::max(std::max(am[0], am[1]), std::max(am[2], am[3]));
+      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
+      const __m128 vinv = _mm_set1_ps(inv), shift = _mm_set1_ps(12582912.0f);
+      const __m128 hi = _mm_set1_ps(127.0f), lo = _mm_set1_ps(-127.0f);
+      for (int64_t k = 0; k < cl; k += 4) {
+        __m128 v = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(x + k), vinv), shift), shift);
+        v = _mm_min_ps(hi, _mm_max_ps(lo, v));
+        __m128i i = _mm_add_epi32(_mm_cvttps_epi32(v), _mm_set1_epi32(128));
+        i = _mm_packs_epi32(i, i);
+        i = _mm_packus_epi16(i, i);
+        const int32_t four = _mm_cvtsi128_si32(i);
+        std::memcpy(d + k, &four, 4);
+      }
+#endif
+      s[m * p.nchunks + c] = inv > 0.0f ? a / 127.0f : 0.0f;
+    }
+}
+
+static const Kernels kTable = {kIsaName,    &linear_tile,     &norm_rows,    &silu_rows,
+                               &attn_items, &selftest_reduce, &quantize_rows};
 
 #endif  // BI_KERNEL_PASS
