@@ -207,7 +207,7 @@ class LLMEngine:
         for sid, dist in (proposal.dists or {}).items():  # sampled drafts' distributions (DFlash2): rejection
             if sid in out.verify:                          # sampling verifies them
                 out.verify[sid].draft_dist = dist
-        committed = dict(zip(out.verify, self.verifier(list(out.verify.values()), out.logits)))
+        committed = dict(zip(out.verify, self.verifier(list(out.verify.values()), out.logits, out.greedy)))
         self.runner.commit(work, out, committed)
         self.proposer.observe(work, out.target_pass, {
             w.seq.seq_id: w.num_rows if w.is_prefill else len(committed[w.seq.seq_id]) for w in work})

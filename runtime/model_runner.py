@@ -35,6 +35,7 @@ class TargetOutput:
     verify: dict[int, VerifyItem]  # seq_id -> its verify rows (offsets into `logits`)
     logits: torch.Tensor | None
     linear: LinearBatch | None = None  # a hybrid target's step: verify segments wait for commit
+    greedy: torch.Tensor | None = None  # every chosen row greedy: their argmax tokens, in place of logits
 
 
 class ModelRunner:
@@ -92,10 +93,14 @@ class ModelRunner:
             elif s.num_computed + n == s.prefill_target and s.num_output == 0:
                 verify[s.seq_id] = VerifyItem(s.params, [], len(picked), s.num_computed + n - 1)
                 picked.append(first + n - 1)
-        logits = None
+        logits = greedy = None
         if picked:
-            logits = self.target.logits(hidden.index_select(0, torch.tensor(picked, device=self.device)))
-        return TargetOutput(TargetPass(rows, feats, pos_t, batch.slot_mapping), verify, logits, lb)
+            chosen = hidden.index_select(0, torch.tensor(picked, device=self.device))
+            if all(it.params.greedy for it in verify.values()):  # argmax tokens are all the step needs
+                greedy = self.target.greedy_tokens(chosen)
+            if greedy is None:
+                logits = self.target.logits(chosen)
+        return TargetOutput(TargetPass(rows, feats, pos_t, batch.slot_mapping), verify, logits, lb, greedy)
 
     def commit(self, work: list[Scheduled], out: TargetOutput, committed: dict[int, list[int]]) -> None:
         """After verification: each verify block's state slot becomes the state after its committed rows (the

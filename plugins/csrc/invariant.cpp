@@ -705,6 +705,155 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   return out;
 }
 
+// ---- greedy head screen (runtime/greedy_head.py) ---------------------------------------------------------
+
+// a <= b in float32 arithmetic: every figure below is rounded up so that the bound stays a bound
+static inline double up(double v) { return v * (1.0 + 0x1p-40); }
+
+// Per row m of the screen's pass: the bound's factors from x (what the head multiplies, fp32 [M, K]) with the
+// outlier dimensions zeroed (xr) or alone (xo [M, n_out]), in double: c0 = |e| + 5.01 u sx|p| (e: what the
+// W8A8 kernel's per-row, per-chunk codes p with scales sx miss of xr; 5.01 u sx|p|: its two roundings per chunk
+// and the chunk tree), c1 = |xr|, c2 = gamma_{K+4} |x| + gamma_{n_out+1} |xo| (the full head's and the
+// outlier product's fp32 sums). The W8A8 quantisation is the kernel's (quantize_rows): a = max|x_c|,
+// codes rint(x * fl(127 / a)) clamped to +-127, scale fl(a / 127).
+static void screen_coefficients(const float* xr, const float* x, const float* xo, int64_t M, int64_t K,
+                                int64_t n_out, int chunks, double* coef) {
+  const double u = 0x1p-24;
+  auto gamma = [u](double n) { return n * u / (1.0 - n * u); };
+  const int64_t cl = K / chunks;
+  for (int64_t m = 0; m < M; ++m) {
+    double e2 = 0, p2 = 0, r2 = 0, x2 = 0, o2 = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const float* xc = xr + m * K + c * cl;
+      float a = 0.0f;
+      for (int64_t k = 0; k < cl; ++k) a = std::max(a, std::fabs(xc[k]));
+      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
+      const float sc = inv > 0.0f ? a / 127.0f : 0.0f;
+      for (int64_t k = 0; k < cl; ++k) {
+        const float q = std::min(127.0f, std::max(-127.0f, std::nearbyint(xc[k] * inv)));
+        const double pd = (double)q * (double)sc;
+        e2 += ((double)xc[k] - pd) * ((double)xc[k] - pd);
+        p2 += pd * pd;
+        r2 += (double)xc[k] * xc[k];
+      }
+    }
+    for (int64_t k = 0; k < K; ++k) x2 += (double)x[m * K + k] * x[m * K + k];
+    for (int64_t j = 0; j < n_out; ++j) o2 += (double)xo[m * n_out + j] * xo[m * n_out + j];
+    coef[3 * m] = up(std::sqrt(up(e2))) + up(5.01 * u * std::sqrt(up(p2)));
+    coef[3 * m + 1] = up(std::sqrt(up(r2)));
+    coef[3 * m + 2] = up(gamma((double)K + 4) * std::sqrt(up(x2))) + up(gamma((double)n_out + 1) * std::sqrt(up(o2)));
+  }
+}
+
+// a = r + o over n floats; returns max a (its first index in *at) and max |a|
+__attribute__((target("avx512f"))) static float sum_max_avx512(const float* r, const float* o, float* a, int64_t n,
+                                                                 float* aabs) {
+  __m512 mx = _mm512_set1_ps(-INFINITY), mb = _mm512_setzero_ps();
+  int64_t v = 0;
+  for (; v + 16 <= n; v += 16) {
+    const __m512 s = _mm512_add_ps(_mm512_loadu_ps(r + v), _mm512_loadu_ps(o + v));
+    _mm512_storeu_ps(a + v, s);
+    mx = _mm512_max_ps(mx, s);
+    mb = _mm512_max_ps(mb, _mm512_abs_ps(s));
+  }
+  float m = _mm512_reduce_max_ps(mx), b = _mm512_reduce_max_ps(mb);
+  for (; v < n; ++v) {
+    a[v] = r[v] + o[v];
+    m = std::max(m, a[v]);
+    b = std::max(b, std::fabs(a[v]));
+  }
+  *aabs = b;
+  return m;
+}
+static float sum_max_scalar(const float* r, const float* o, float* a, int64_t n, float* aabs) {
+  float m = -INFINITY, b = 0.0f;
+  for (int64_t v = 0; v < n; ++v) {
+    a[v] = r[v] + o[v];
+    m = std::max(m, a[v]);
+    b = std::max(b, std::fabs(a[v]));
+  }
+  *aabs = b;
+  return m;
+}
+// indices v with a[v] >= t, ascending, appended to out
+__attribute__((target("avx512f"))) static void at_least_avx512(const float* a, int64_t n, float t,
+                                                                  std::vector<int64_t>& out) {
+  const __m512 tv = _mm512_set1_ps(t);
+  int64_t v = 0;
+  for (; v + 16 <= n; v += 16) {
+    unsigned k = _mm512_cmp_ps_mask(_mm512_loadu_ps(a + v), tv, _CMP_GE_OQ);
+    while (k) {
+      out.push_back(v + __builtin_ctz(k));
+      k &= k - 1;
+    }
+  }
+  for (; v < n; ++v)
+    if (a[v] >= t) out.push_back(v);
+}
+static void at_least_scalar(const float* a, int64_t n, float t, std::vector<int64_t>& out) {
+  for (int64_t v = 0; v < n; ++v)
+    if (a[v] >= t) out.push_back(v);
+}
+
+// approx = rest + out (fp32, as torch adds them); per row m, b_v = coef[m] . g[:, v] (non-negative terms, in
+// double) + 4u |approx_v| (the roundings of approx_v itself) + 1e-30 bounds |logit_v - approx_v|. Any
+// approx_v - b_v is a lower bound on the row's largest logit: that of the largest approx_v is taken as lo. Returns,
+// ascending, every v with approx_v + b_v >= lo - gap_rel |lo| - 1e-30 for some row: the only tokens whose logit
+// can round to the row's maximum. Only the approx_v within the largest b of that cut are priced one by one.
+static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& out, const at::Tensor& xr,
+                                   const at::Tensor& x, const at::Tensor& xo, const at::Tensor& g,
+                                   const at::Tensor& gm, int64_t chunks, double gap_rel) {
+  auto f32 = [](const at::Tensor& t, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2, "bi_greedy_screen: ", what,
+                " must be a contiguous float32 matrix");
+  };
+  f32(rest, "rest"); f32(out, "out"); f32(xr, "xr"); f32(x, "x"); f32(xo, "xo"); f32(g, "g");
+  TORCH_CHECK(gm.scalar_type() == at::kFloat && gm.numel() == 3, "bi_greedy_screen: gm must be g's 3 row maxima");
+  const int64_t M = rest.size(0), V = rest.size(1), K = x.size(1), n_out = xo.size(1);
+  TORCH_CHECK(out.sizes() == rest.sizes() && g.size(0) == 3 && g.size(1) == V && xr.sizes() == x.sizes() &&
+                  x.size(0) == M && xo.size(0) == M && chunks > 0 && K % chunks == 0 && V > 0,
+              "bi_greedy_screen: shapes do not match");
+  std::vector<double> coef((size_t)(3 * M));
+  screen_coefficients(xr.data_ptr<float>(), x.data_ptr<float>(), xo.data_ptr<float>(), M, K, n_out, (int)chunks,
+                      coef.data());
+  const float* ra = rest.data_ptr<float>();
+  const float* oa = out.data_ptr<float>();
+  const float* g0 = g.data_ptr<float>();
+  const float *g1 = g0 + V, *g2 = g0 + 2 * V;
+  const float* gmax = gm.data_ptr<float>();
+  const double ru = 4.0 * 0x1p-24;
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  std::vector<float> ap((size_t)V);
+  std::vector<uint8_t> mark((size_t)V, 0);
+  std::vector<int64_t> near;
+  for (int64_t m = 0; m < M; ++m) {
+    const double c0 = coef[3 * m], c1 = coef[3 * m + 1], c2 = coef[3 * m + 2];
+    float* a = ap.data();
+    float aabs = 0.0f;
+    const float amax = (avx512 ? sum_max_avx512 : sum_max_scalar)(ra + m * V, oa + m * V, a, V, &aabs);
+    int64_t best = 0;
+    while (a[best] != amax) ++best;
+    auto bound = [&](int64_t v) {
+      return c0 * g0[v] + c1 * g1[v] + c2 * g2[v] + ru * std::fabs((double)a[v]) + 1e-30;
+    };
+    const double lo = (double)a[best] - bound(best);
+    const double cut = lo - gap_rel * std::fabs(lo) - 1e-30;
+    const double bmax = c0 * gmax[0] + c1 * gmax[1] + c2 * gmax[2] + ru * aabs + 1e-30;
+    // approx_v below cut - bmax cannot pass; the float threshold keeps a margin for its own rounding
+    const double t = cut - bmax;
+    near.clear();
+    (avx512 ? at_least_avx512 : at_least_scalar)(a, V, (float)(t - std::fabs(t) * 0x1p-20 - 1e-30), near);
+    for (const int64_t v : near)
+      if ((double)a[v] + bound(v) >= cut) mark[v] = 1;
+  }
+  std::vector<int64_t> ids;
+  for (int64_t v = 0; v < V; ++v)
+    if (mark[v]) ids.push_back(v);
+  at::Tensor res = at::empty({(int64_t)ids.size()}, at::kLong);
+  if (!ids.empty()) std::memcpy(res.data_ptr<int64_t>(), ids.data(), ids.size() * sizeof(int64_t));
+  return res;
+}
+
 // ---- misc --------------------------------------------------------------------------------------------------
 
 static std::string bi_set_isa(const std::string& isa) {
@@ -733,6 +882,8 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
         "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets, float scale, bool causal=True) -> Tensor");
   m.def("bi_set_isa(str isa) -> str", &bi::bi_set_isa);
   m.def("bi_selftest_reduce(Tensor a) -> Tensor");
+  m.def("bi_greedy_screen(Tensor rest, Tensor out, Tensor xr, Tensor x, Tensor xo, Tensor g, Tensor gm, "
+        "int chunks, float gap_rel) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
@@ -743,6 +894,7 @@ TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
   m.impl("bi_silu_mul", &bi::bi_silu_mul);
   m.impl("bi_paged_attention", &bi::bi_paged_attention);
   m.impl("bi_selftest_reduce", &bi::bi_selftest_reduce);
+  m.impl("bi_greedy_screen", &bi::bi_greedy_screen);
 }
 
 #else  // ===================================== kernel body (one ISA per pass) =================================

@@ -12,6 +12,7 @@ from torch import nn
 from .. import ops
 from ..attention import AttentionBatch, paged_attention
 from ..config import TargetConfig
+from ..greedy_head import SCREEN_ROWS, GreedyHead
 from ..rope import RotaryTable, apply_rope
 
 
@@ -302,6 +303,26 @@ class TargetModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: final-normed rows; float32 logits (also the drafter's head: it has none of its own)."""
         return ops.linear(hidden, self.head_weight, packed=self.head_packed).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Each row's argmax token, exactly `logits(hidden).argmax(-1)`, from the screened head
+        (runtime/greedy_head.py) where it pays: a few rows, the plain packed head of this class. None: compute
+        the logits (the rows then teach the screen its outlier dimensions)."""
+        packed = self.head_packed
+        if (packed is None or hidden.shape[0] > SCREEN_ROWS or type(self).logits is not TargetModel.logits
+                or getattr(self, "tp", None) is not None or not ops._use_bi(hidden)):
+            return None
+        built = getattr(self, "_screen", None)
+        if built is None or built[0] is not packed:  # (re)built for the head's current panels
+            built = self._screen = (packed, GreedyHead(self.head_weight.data, packed)
+                                    if GreedyHead.screens(packed) else None)
+        gh = built[1]
+        if gh is None:  # 8-bit head panels: nothing to gain
+            return None
+        ids = gh.tokens(hidden)
+        if ids is None:
+            gh.observe(hidden)
+        return ids
 
     def pack(self) -> None:
         pack_linears(self)

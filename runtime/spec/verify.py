@@ -76,10 +76,15 @@ class Verifier:
         self.ops, self.tp_head = ops, tp_head
         self.backend = "tp" if tp_head is not None else "ops" if ops is not None else "torch"
 
-    def __call__(self, items: list[VerifyItem], logits: torch.Tensor) -> list[list[int]]:
-        """Committed tokens per item (accepted drafts + the target's own next token)."""
+    def __call__(self, items: list[VerifyItem], logits: torch.Tensor | None,
+                 greedy: torch.Tensor | None = None) -> list[list[int]]:
+        """Committed tokens per item (accepted drafts + the target's own next token). greedy: every row's argmax
+        token, given in place of logits when every item is greedy."""
         if not items:
             return []
+        if greedy is not None:
+            g = greedy.tolist()
+            return [accept(it.drafts, g[it.offset:it.offset + len(it.drafts) + 1])[1] for it in items]
         rejection = [i for i, it in enumerate(items) if it.draft_dist is not None and it.drafts
                      and not it.params.greedy]
         if rejection:

@@ -1,0 +1,117 @@
+"""Greedy tokens from the head without reading all of it at full width: a screen that is exact.
+
+A decode step of a small model streams its weights once, and the head is a large share of them (SmolLM2-135M:
+49,152 x 576, 21% of the bytes; Qwen3-0.6B: 26%). A greedy step only needs each row's argmax, so the head is
+read twice over instead: first as int8 codes (half the bytes of bf16, integer dot products), giving every
+logit to within a bound, then at full precision only for the tokens that could still be the maximum.
+
+The bound is rigorous, so the tokens are exactly those of the full head, rounding, ties (the first index wins)
+and all. For a row x (the values the head kernel multiplies) and a vocabulary row w (with w_O its columns in a
+few outlier dimensions O, kept out of the codes and multiplied in fp32, and w_R the rest):
+
+    x.w = sum_c sx_c sw (p_c . q_c)  +  sum_c sw (e_c . q_c)  +  x_R . r  +  x_O . w_O
+
+with p_c, sx_c the W8A8 kernel's codes and scale of x's chunk c (e_c what they miss), q, sw the int8 codes and
+scale of w_R (r what they miss). Cauchy-Schwarz bounds each missing term by norms computed once per vocabulary
+row and once per x row; the floating-point errors of the screen and of the full head (sequential fp32 sums of
+at most K + 4 terms) are bounded the same way. A token is a candidate when its upper bound reaches the largest
+lower bound, less the gap the output's rounding can close (bf16 logits: 2^-5 of it). The candidates' exact
+logits come from the head's own kernel on their weight rows alone (a column's result depends on nothing else),
+and the argmax over them, in vocabulary order, is the full head's.
+
+Outlier dimensions: a few hidden dimensions carry values far above the rest (SmolLM2's dimension 199), and a
+per-row int8 scale set by them would blur every other dimension. The screen arms after its first rows, keeping
+out the dimensions of the largest mean |x| it saw; which ones are kept never changes a token, only how many
+candidates there are. Where too many remain (or x is not finite), the caller computes full logits.
+"""
+from __future__ import annotations
+
+import torch
+
+from .plugins import invariant as bi
+
+CHUNKS = 8  # K chunks of the screen's per-row x scales (finer chunks: smaller scales where x is flat)
+OUTLIERS = 16  # dimensions multiplied in fp32 beside the codes
+ARM_ROWS = 64  # rows seen (through the full head) before the outlier dimensions are chosen
+MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
+SCREEN_ROWS = 4  # rows per call up to which the screen is used (more: the W8A8 pass turns compute-bound)
+
+
+class GreedyHead:
+    """The exact greedy screen of one packed head (see the module doc). `tokens(x)` returns each row's argmax
+    token, or None when the caller must compute logits (not armed yet, too many candidates, x not finite)."""
+
+    @staticmethod
+    def screens(packed) -> bool:
+        """Whether a head packed so is screened: bf16 k-pair, widened bf16 or fp32 panels (8-bit ones are read at
+        the screen's width already)."""
+        return packed.data.dtype in (torch.int16, torch.bfloat16, torch.float32)
+
+    def __init__(self, weight: torch.Tensor, packed):
+        kind = packed.data.dtype
+        self.packed = packed
+        self.pairs = kind == torch.int16  # bf16 k-pair panels: the kernel rounds x to bf16
+        self.repack = (bi.pack_linear_bf16_pairs if self.pairs else
+                       (lambda w: bi.pack_linear(w, torch.bfloat16)) if kind == torch.bfloat16 else
+                       (lambda w: bi.pack_linear(w, torch.float32)))
+        # the values the head multiplies
+        self.w = weight.detach().to(torch.bfloat16 if kind != torch.float32 else torch.float32)
+        self.V, self.K = self.w.shape
+        self.chunks = CHUNKS if self.K % (4 * CHUNKS) == 0 else 1
+        self.seen = torch.zeros(self.K, dtype=torch.float64)
+        self.rows_seen = 0
+        self.armed = False
+
+    def observe(self, x: torch.Tensor) -> None:
+        """Rows that went through the full head: their |x| choose the outlier dimensions, then the screen arms."""
+        if self.armed:
+            return
+        xf = self._x(x)
+        if not torch.isfinite(xf).all():
+            return
+        self.seen += xf.abs().double().sum(0)
+        self.rows_seen += xf.shape[0]
+        if self.rows_seen >= ARM_ROWS:
+            self._arm(self.seen.topk(min(OUTLIERS, self.K)).indices.sort().values)
+
+    def _x(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16).float() if self.pairs else x.float()
+
+    def _arm(self, out_idx: torch.Tensor) -> None:
+        self.out_idx = out_idx
+        rest = self.w.to(torch.float32, copy=True)  # exact: bf16 or fp32 values; never the model's own tensor
+        rest[:, out_idx] = 0
+        q, sw = bi.quantize_int8(rest)
+        self.screen = bi.pack_linear_w8a8(q, sw)
+        # per vocabulary row: sw |q|, |r| (what the codes miss), |w|, as fp32 sums of K squares (relative error
+        # under K u, so 2^-12 above them is an upper bound for K up to ~4,000); r's own roundings add 4u sw |q|
+        swq = q.float() * sw.view(-1, 1)
+        nq = swq.norm(dim=1)
+        up = 1 + 2.0 ** -12 if self.K <= 4096 else 1 + self.K * 2.0 ** -22
+        cols = [nq * up, ((rest - swq).norm(dim=1) + nq * 2.0 ** -22) * up, self.w.float().norm(dim=1) * up]
+        self.g = torch.stack(cols).contiguous()  # [3, V]
+        self.g_max = self.g.amax(1).contiguous()
+        wo = self.w[:, out_idx].float()
+        exact_bf16 = torch.equal(wo.to(torch.bfloat16).float(), wo)  # widened bf16 panels: half the bytes
+        self.outliers = bi.pack_linear(wo, torch.bfloat16 if exact_bf16 else torch.float32)
+        self.armed = True
+
+    def tokens(self, x: torch.Tensor) -> torch.Tensor | None:
+        if not self.armed:
+            return None
+        xf = self._x(x).contiguous()
+        if not torch.isfinite(xf).all():
+            return None
+        xr = xf.clone()
+        xr[:, self.out_idx] = 0
+        xo = xf[:, self.out_idx].contiguous()
+        # bf16 logits: a candidate's upper bound may fall short of the row's best lower bound by what rounding to
+        # bf16 can close (2^-5 of it is two of bf16's steps even across a power of two)
+        gap = 2.0 ** -5 if x.dtype == torch.bfloat16 else 0.0
+        ids = torch.ops.dflash_trt.bi_greedy_screen(bi.linear(xr, self.screen, None, self.chunks),
+                                                    bi.linear(xo, self.outliers), xr, xf, xo, self.g, self.g_max,
+                                                    self.chunks, gap)
+        if ids.numel() > MAX_CANDIDATES:
+            return None
+        exact = bi.linear(x, self.repack(self.w.index_select(0, ids)))
+        return ids[exact.float().argmax(1)]
