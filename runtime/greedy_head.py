@@ -22,7 +22,9 @@ and the argmax over them, in vocabulary order, is the full head's.
 Outlier dimensions: a few hidden dimensions carry values far above the rest (SmolLM2's dimension 199), and a
 per-row int8 scale set by them would blur every other dimension. The screen arms after its first rows, keeping
 out the dimensions of the largest mean |x| it saw; which ones are kept never changes a token, only how many
-candidates there are. Where too many remain (or x is not finite), the caller computes full logits.
+candidates there are. Where too many remain (or x is not finite), the caller computes full logits. The codes
+and norms are made when the engine loads (`TargetModel.prepare_greedy_head`); arming only packs the outlier
+columns.
 """
 from __future__ import annotations
 
@@ -58,6 +60,19 @@ class GreedyHead:
         self.w = weight.detach().to(torch.bfloat16 if kind != torch.float32 else torch.float32)
         self.V, self.K = self.w.shape
         self.chunks = CHUNKS if self.K % (4 * CHUNKS) == 0 else 1
+        # the codes of whole rows: x's outlier dimensions are zeroed before the screen, so their codes multiply
+        # nothing, and the norms over whole rows bound those over the rest
+        wf = self.w.float()  # exact: bf16 or fp32 values
+        q, sw = bi.quantize_int8(wf)
+        self.screen = bi.pack_linear_w8a8(q, sw)
+        # per vocabulary row: sw |q|, |r| (what the codes miss), |w|, as fp32 sums of K squares (relative error
+        # under K u: 2^-12 above them is an upper bound up to K = 4,096); r's own roundings add 4u sw |q|
+        swq = q.float() * sw.view(-1, 1)
+        nq = swq.norm(dim=1)
+        up = 1 + max(2.0 ** -12, self.K * 2.0 ** -22)
+        self.g = torch.stack([nq * up, ((wf - swq).norm(dim=1) + nq * 2.0 ** -22) * up,
+                              wf.norm(dim=1) * up]).contiguous()  # [3, V]
+        self.g_max = self.g.amax(1).contiguous()
         self.seen = torch.zeros(self.K, dtype=torch.float64)
         self.rows_seen = 0
         self.armed = False
@@ -72,29 +87,14 @@ class GreedyHead:
         self.seen += xf.abs().double().sum(0)
         self.rows_seen += xf.shape[0]
         if self.rows_seen >= ARM_ROWS:
-            self._arm(self.seen.topk(min(OUTLIERS, self.K)).indices.sort().values)
+            self.out_idx = self.seen.topk(min(OUTLIERS, self.K)).indices.sort().values
+            wo = self.w[:, self.out_idx].float()
+            exact_bf16 = torch.equal(wo.to(torch.bfloat16).float(), wo)  # widened bf16 panels: half the bytes
+            self.outliers = bi.pack_linear(wo, torch.bfloat16 if exact_bf16 else torch.float32)
+            self.armed = True
 
     def _x(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.bfloat16).float() if self.pairs else x.float()
-
-    def _arm(self, out_idx: torch.Tensor) -> None:
-        self.out_idx = out_idx
-        rest = self.w.to(torch.float32, copy=True)  # exact: bf16 or fp32 values; never the model's own tensor
-        rest[:, out_idx] = 0
-        q, sw = bi.quantize_int8(rest)
-        self.screen = bi.pack_linear_w8a8(q, sw)
-        # per vocabulary row: sw |q|, |r| (what the codes miss), |w|, as fp32 sums of K squares (relative error
-        # under K u, so 2^-12 above them is an upper bound for K up to ~4,000); r's own roundings add 4u sw |q|
-        swq = q.float() * sw.view(-1, 1)
-        nq = swq.norm(dim=1)
-        up = 1 + 2.0 ** -12 if self.K <= 4096 else 1 + self.K * 2.0 ** -22
-        cols = [nq * up, ((rest - swq).norm(dim=1) + nq * 2.0 ** -22) * up, self.w.float().norm(dim=1) * up]
-        self.g = torch.stack(cols).contiguous()  # [3, V]
-        self.g_max = self.g.amax(1).contiguous()
-        wo = self.w[:, out_idx].float()
-        exact_bf16 = torch.equal(wo.to(torch.bfloat16).float(), wo)  # widened bf16 panels: half the bytes
-        self.outliers = bi.pack_linear(wo, torch.bfloat16 if exact_bf16 else torch.float32)
-        self.armed = True
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor | None:
         if not self.armed:

@@ -262,4 +262,6 @@ def prepare_for_device(target, drafter, paths: ModelPaths, cfg, sharded: bool = 
         from .int8_weights import repack_drafter
 
         stage(f"packed {repack_drafter(drafter, draft_mode)} drafter linears as {draft_mode} weights")
+    if not sharded and getattr(target, "head_packed", None) is not None:
+        target.prepare_greedy_head()  # the greedy head screen's codes and norms (greedy_head.py), made now
     return fp8

@@ -308,21 +308,27 @@ class TargetModel(nn.Module):
         """Each row's argmax token, exactly `logits(hidden).argmax(-1)`, from the screened head
         (runtime/greedy_head.py) where it pays: a few rows, the plain packed head of this class. None: compute
         the logits (the rows then teach the screen its outlier dimensions)."""
-        packed = self.head_packed
-        if (packed is None or hidden.shape[0] > SCREEN_ROWS or type(self).logits is not TargetModel.logits
-                or getattr(self, "tp", None) is not None or not ops._use_bi(hidden)):
+        if hidden.shape[0] > SCREEN_ROWS or not ops._use_bi(hidden):
             return None
-        built = getattr(self, "_screen", None)
-        if built is None or built[0] is not packed:  # (re)built for the head's current panels
-            built = self._screen = (packed, GreedyHead(self.head_weight.data, packed)
-                                    if GreedyHead.screens(packed) else None)
-        gh = built[1]
-        if gh is None:  # 8-bit head panels: nothing to gain
+        gh = self.prepare_greedy_head()
+        if gh is None:
             return None
         ids = gh.tokens(hidden)
         if ids is None:
             gh.observe(hidden)
         return ids
+
+    def prepare_greedy_head(self) -> GreedyHead | None:
+        """The greedy screen of the head's current panels, made once (its codes and norms: ~0.3 s for a
+        49,152 x 576 head); None where the head is not screened (8-bit or no panels, tensor parallelism, a
+        family's own logits)."""
+        packed = self.head_packed
+        built = getattr(self, "_screen", None)
+        if built is None or built[0] is not packed:
+            ok = (packed is not None and GreedyHead.screens(packed) and type(self).logits is TargetModel.logits
+                  and getattr(self, "tp", None) is None)
+            built = self._screen = (packed, GreedyHead(self.head_weight.data, packed) if ok else None)
+        return built[1]
 
     def pack(self) -> None:
         pack_linears(self)
