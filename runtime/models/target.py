@@ -319,9 +319,8 @@ class TargetModel(nn.Module):
         return ids
 
     def prepare_greedy_head(self) -> GreedyHead | None:
-        """The greedy screen of the head's current panels, made once (its codes and norms: ~0.3 s for a
-        49,152 x 576 head); None where the head is not screened (8-bit or no panels, tensor parallelism, a
-        family's own logits)."""
+        """The greedy screen of the head's current panels, made once (its int8 codes and norms); None where the
+        head is not screened (8-bit or no panels, tensor parallelism, a family's own logits)."""
         packed = self.head_packed
         built = getattr(self, "_screen", None)
         if built is None or built[0] is not packed:
