@@ -36,7 +36,9 @@ CHUNKS = 8  # K chunks of the screen's per-row x scales (finer chunks: smaller s
 OUTLIERS = 16  # dimensions multiplied in fp32 beside the codes
 ARM_ROWS = 64  # rows seen (through the full head) before the outlier dimensions are chosen
 MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
-SCREEN_ROWS = 4  # rows per call up to which the screen is used (more: the W8A8 pass turns compute-bound)
+# rows per call up to which the screen is used: past them the W8A8 pass turns compute-bound and gains nothing on a
+# head of bf16 k-pair panels (vdpbf16ps); panels multiplied with fp32 FMAs cost more per row, so it pays longer
+SCREEN_ROWS = {"pairs": 4, "fma": 8}
 
 
 class GreedyHead:
@@ -53,6 +55,7 @@ class GreedyHead:
         kind = packed.data.dtype
         self.packed = packed
         self.pairs = kind == torch.int16  # bf16 k-pair panels: the kernel rounds x to bf16
+        self.max_rows = SCREEN_ROWS["pairs" if self.pairs else "fma"]
         self.repack = (bi.pack_linear_bf16_pairs if self.pairs else
                        (lambda w: bi.pack_linear(w, torch.bfloat16)) if kind == torch.bfloat16 else
                        (lambda w: bi.pack_linear(w, torch.float32)))

@@ -12,7 +12,7 @@ from torch import nn
 from .. import ops
 from ..attention import AttentionBatch, paged_attention
 from ..config import TargetConfig
-from ..greedy_head import SCREEN_ROWS, GreedyHead
+from ..greedy_head import GreedyHead
 from ..rope import RotaryTable, apply_rope
 
 
@@ -308,10 +308,10 @@ class TargetModel(nn.Module):
         """Each row's argmax token, exactly `logits(hidden).argmax(-1)`, from the screened head
         (runtime/greedy_head.py) where it pays: a few rows, the plain packed head of this class. None: compute
         the logits (the rows then teach the screen its outlier dimensions)."""
-        if hidden.shape[0] > SCREEN_ROWS or not ops._use_bi(hidden):
+        if not ops._use_bi(hidden):
             return None
         gh = self.prepare_greedy_head()
-        if gh is None:
+        if gh is None or hidden.shape[0] > gh.max_rows:
             return None
         ids = gh.tokens(hidden)
         if ids is None:
