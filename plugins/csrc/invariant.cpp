@@ -140,6 +140,10 @@ struct Kernels {
   void (*selftest_reduce)(const float* a, float* out);  // out[j] = hsum16(a[16j..16j+15]) via reduce16
   // W8A8: x's chunks per row as codes + 128 (q [M][chunks * chunk_len]) and scales (s [M][chunks])
   void (*quantize_rows)(const LinParams&, int64_t M, uint8_t* q, float* s);
+  // the greedy head screen's passes: a = r + o over n floats, returning max a (and max |a| in *aabs); the
+  // indices of a >= t, ascending, appended to out
+  float (*sum_max)(const float* r, const float* o, float* a, int64_t n, float* aabs);
+  void (*at_least)(const float* a, int64_t n, float t, std::vector<int64_t>& out);
 };
 
 // the AVX2 W8A8 tile, for AVX-512 CPUs without VNNI
@@ -309,18 +313,15 @@ static void run_linear(const LinParams& p, int64_t M) {
 static at::Tensor x_as_f32(const at::Tensor& x);
 struct XRows {
   const float* x;
+  const uint16_t* xh;  // or the bf16 rows as given (BF16P)
   int64_t ldx;
   at::Tensor keep;
 };
-// rows of a bf16 x the BF16P kernels can pack as they are (rounding a bf16 to bf16 changes nothing), or null
-static const uint16_t* x_bf16_rows(const at::Tensor& x, int wt, int64_t& ldx) {
-  if (wt != BF16P || x.scalar_type() != at::kBFloat16 || x.stride(1) != 1) return nullptr;
-  ldx = x.size(0) > 1 ? x.stride(0) : x.size(1);
-  return (const uint16_t*)x.data_ptr();
-}
-
-static XRows x_rows(const at::Tensor& x) {
+// x's rows for a weight of kind wt: a bf16 x for BF16P panels as it is (rounding a bf16 to bf16 changes nothing)
+static XRows x_rows(const at::Tensor& x, int wt) {
   const int64_t M = x.size(0), K = x.size(1);
+  if (wt == BF16P && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1)
+    return {nullptr, (const uint16_t*)x.data_ptr(), M > 1 ? x.stride(0) : K, at::Tensor()};
   if (x.scalar_type() == at::kBFloat16 && x.stride(1) == 1) {
     thread_local std::vector<float> buf;
     if ((int64_t)buf.size() < M * K) buf.resize(M * K);
@@ -333,10 +334,10 @@ static XRows x_rows(const at::Tensor& x) {
       uint32_t* d = dst + m * K;
       for (int64_t k = 0; k < K; ++k) d[k] = (uint32_t)s[k] << 16;
     }
-    return {buf.data(), K, at::Tensor()};
+    return {buf.data(), nullptr, K, at::Tensor()};
   }
   at::Tensor xf = x_as_f32(x);
-  return {xf.data_ptr<float>(), M > 1 ? xf.stride(0) : K, xf};
+  return {xf.data_ptr<float>(), nullptr, M > 1 ? xf.stride(0) : K, xf};
 }
 
 static at::Tensor x_as_f32(const at::Tensor& x) {
@@ -405,9 +406,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
               "bi_linear: k_splits must be 1, 2, 4 or 8");
   TORCH_CHECK(Kp % k_splits == 0, "bi_linear: K=", Kp, " not divisible by k_splits=", k_splits);
   int yt = dtype_code(x, "x");
-  int64_t ldh = 0;
-  const uint16_t* xh = x_bf16_rows(x, weight_code(packed), ldh);
-  const XRows xr = xh ? XRows{nullptr, ldh, at::Tensor()} : x_rows(x);
+  const XRows xr = x_rows(x, weight_code(packed));
   at::Tensor bf;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "bi_linear: bias must have n elements");
@@ -417,7 +416,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   at::Tensor y = at::empty({M, n}, x.options());
   LinParams p{};
   p.x = xr.x;
-  p.xh = xh;
+  p.xh = xr.xh;
   p.ldx = xr.ldx;
   p.xk0 = 0;
   p.w = packed.data_ptr();
@@ -463,14 +462,12 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
                 " columns of the chunks");
     xk0 = 0;
   }
-  int64_t ldh = 0;
-  const uint16_t* xh = x_bf16_rows(x, weight_code(packed), ldh);
-  const XRows xr = xh ? XRows{nullptr, ldh, at::Tensor()} : x_rows(x);
+  const XRows xr = x_rows(x, weight_code(packed));
   const int64_t M = x.size(0);
   at::Tensor y = at::empty({M, n}, x.options().dtype(at::kFloat));
   LinParams p{};
   p.x = xr.x;
-  p.xh = xh;
+  p.xh = xr.xh;
   p.ldx = xr.ldx;
   p.xk0 = xk0;
   p.w = packed.data_ptr();
@@ -710,89 +707,38 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
 // a <= b in float32 arithmetic: every figure below is rounded up so that the bound stays a bound
 static inline double up(double v) { return v * (1.0 + 0x1p-40); }
 
-// Per row m of the screen's pass: the bound's factors from x (what the head multiplies, fp32 [M, K]) with the
+// Per row m of the screen's pass: the bound's factors from x (what the head multiplies, fp32 [M, D]) with the
 // outlier dimensions zeroed (xr) or alone (xo [M, n_out]), in double: c0 = |e| + 5.01 u sx|p| (e: what the
-// W8A8 kernel's per-row, per-chunk codes p with scales sx miss of xr; 5.01 u sx|p|: its two roundings per chunk
-// and the chunk tree), c1 = |xr|, c2 = gamma_{K+4} |x| + gamma_{n_out+1} |xo| (the full head's and the
-// outlier product's fp32 sums). The W8A8 quantisation is the kernel's (quantize_rows): a = max|x_c|,
-// codes rint(x * fl(127 / a)) clamped to +-127, scale fl(a / 127).
-static void screen_coefficients(const float* xr, const float* x, const float* xo, int64_t M, int64_t K,
+// W8A8 kernel's per-row, per-chunk codes p with scales sx miss of xr, the codes quantize_rows gives the kernel;
+// 5.01 u sx|p|: its two roundings per chunk and the chunk tree), c1 = |xr|, c2 = gamma_{D+4} |x| +
+// gamma_{n_out+1} |xo| (the full head's and the outlier product's fp32 sums).
+static void screen_coefficients(const float* xr, const float* x, const float* xo, int64_t M, int64_t D,
                                 int64_t n_out, int chunks, double* coef) {
   const double u = 0x1p-24;
   auto gamma = [u](double n) { return n * u / (1.0 - n * u); };
-  const int64_t cl = K / chunks;
+  LinParams p{};
+  p.x = xr;
+  p.ldx = D;
+  p.chunk_len = D / chunks;
+  p.nchunks = chunks;
+  std::vector<uint8_t> q((size_t)(M * D));
+  std::vector<float> sc((size_t)(M * chunks));
+  K().quantize_rows(p, M, q.data(), sc.data());
   for (int64_t m = 0; m < M; ++m) {
     double e2 = 0, p2 = 0, r2 = 0, x2 = 0, o2 = 0;
-    for (int c = 0; c < chunks; ++c) {
-      const float* xc = xr + m * K + c * cl;
-      float a = 0.0f;
-      for (int64_t k = 0; k < cl; ++k) a = std::max(a, std::fabs(xc[k]));
-      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
-      const float sc = inv > 0.0f ? a / 127.0f : 0.0f;
-      for (int64_t k = 0; k < cl; ++k) {
-        const float q = std::min(127.0f, std::max(-127.0f, std::nearbyint(xc[k] * inv)));
-        const double pd = (double)q * (double)sc;
-        e2 += ((double)xc[k] - pd) * ((double)xc[k] - pd);
-        p2 += pd * pd;
-        r2 += (double)xc[k] * xc[k];
-      }
+    for (int64_t k = 0; k < D; ++k) {
+      const double xv = xr[m * D + k];
+      const double pd = ((double)q[m * D + k] - 128.0) * (double)sc[m * chunks + k / p.chunk_len];
+      e2 += (xv - pd) * (xv - pd);
+      p2 += pd * pd;
+      r2 += xv * xv;
     }
-    for (int64_t k = 0; k < K; ++k) x2 += (double)x[m * K + k] * x[m * K + k];
+    for (int64_t k = 0; k < D; ++k) x2 += (double)x[m * D + k] * x[m * D + k];
     for (int64_t j = 0; j < n_out; ++j) o2 += (double)xo[m * n_out + j] * xo[m * n_out + j];
     coef[3 * m] = up(std::sqrt(up(e2))) + up(5.01 * u * std::sqrt(up(p2)));
     coef[3 * m + 1] = up(std::sqrt(up(r2)));
-    coef[3 * m + 2] = up(gamma((double)K + 4) * std::sqrt(up(x2))) + up(gamma((double)n_out + 1) * std::sqrt(up(o2)));
+    coef[3 * m + 2] = up(gamma((double)D + 4) * std::sqrt(up(x2))) + up(gamma((double)n_out + 1) * std::sqrt(up(o2)));
   }
-}
-
-// a = r + o over n floats; returns max a (its first index in *at) and max |a|
-__attribute__((target("avx512f"))) static float sum_max_avx512(const float* r, const float* o, float* a, int64_t n,
-                                                                 float* aabs) {
-  __m512 mx = _mm512_set1_ps(-INFINITY), mb = _mm512_setzero_ps();
-  int64_t v = 0;
-  for (; v + 16 <= n; v += 16) {
-    const __m512 s = _mm512_add_ps(_mm512_loadu_ps(r + v), _mm512_loadu_ps(o + v));
-    _mm512_storeu_ps(a + v, s);
-    mx = _mm512_max_ps(mx, s);
-    mb = _mm512_max_ps(mb, _mm512_abs_ps(s));
-  }
-  float m = _mm512_reduce_max_ps(mx), b = _mm512_reduce_max_ps(mb);
-  for (; v < n; ++v) {
-    a[v] = r[v] + o[v];
-    m = std::max(m, a[v]);
-    b = std::max(b, std::fabs(a[v]));
-  }
-  *aabs = b;
-  return m;
-}
-static float sum_max_scalar(const float* r, const float* o, float* a, int64_t n, float* aabs) {
-  float m = -INFINITY, b = 0.0f;
-  for (int64_t v = 0; v < n; ++v) {
-    a[v] = r[v] + o[v];
-    m = std::max(m, a[v]);
-    b = std::max(b, std::fabs(a[v]));
-  }
-  *aabs = b;
-  return m;
-}
-// indices v with a[v] >= t, ascending, appended to out
-__attribute__((target("avx512f"))) static void at_least_avx512(const float* a, int64_t n, float t,
-                                                                  std::vector<int64_t>& out) {
-  const __m512 tv = _mm512_set1_ps(t);
-  int64_t v = 0;
-  for (; v + 16 <= n; v += 16) {
-    unsigned k = _mm512_cmp_ps_mask(_mm512_loadu_ps(a + v), tv, _CMP_GE_OQ);
-    while (k) {
-      out.push_back(v + __builtin_ctz(k));
-      k &= k - 1;
-    }
-  }
-  for (; v < n; ++v)
-    if (a[v] >= t) out.push_back(v);
-}
-static void at_least_scalar(const float* a, int64_t n, float t, std::vector<int64_t>& out) {
-  for (int64_t v = 0; v < n; ++v)
-    if (a[v] >= t) out.push_back(v);
 }
 
 // approx = rest + out (fp32, as torch adds them); per row m, b_v = coef[m] . g[:, v] (non-negative terms, in
@@ -809,12 +755,12 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& out
   };
   f32(rest, "rest"); f32(out, "out"); f32(xr, "xr"); f32(x, "x"); f32(xo, "xo"); f32(g, "g");
   TORCH_CHECK(gm.scalar_type() == at::kFloat && gm.numel() == 3, "bi_greedy_screen: gm must be g's 3 row maxima");
-  const int64_t M = rest.size(0), V = rest.size(1), K = x.size(1), n_out = xo.size(1);
+  const int64_t M = rest.size(0), V = rest.size(1), D = x.size(1), n_out = xo.size(1);
   TORCH_CHECK(out.sizes() == rest.sizes() && g.size(0) == 3 && g.size(1) == V && xr.sizes() == x.sizes() &&
-                  x.size(0) == M && xo.size(0) == M && chunks > 0 && K % chunks == 0 && V > 0,
+                  x.size(0) == M && xo.size(0) == M && chunks > 0 && D % chunks == 0 && V > 0,
               "bi_greedy_screen: shapes do not match");
   std::vector<double> coef((size_t)(3 * M));
-  screen_coefficients(xr.data_ptr<float>(), x.data_ptr<float>(), xo.data_ptr<float>(), M, K, n_out, (int)chunks,
+  screen_coefficients(xr.data_ptr<float>(), x.data_ptr<float>(), xo.data_ptr<float>(), M, D, n_out, (int)chunks,
                       coef.data());
   const float* ra = rest.data_ptr<float>();
   const float* oa = out.data_ptr<float>();
@@ -822,15 +768,15 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& out
   const float *g1 = g0 + V, *g2 = g0 + 2 * V;
   const float* gmax = gm.data_ptr<float>();
   const double ru = 4.0 * 0x1p-24;
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  std::vector<float> ap((size_t)V);
-  std::vector<uint8_t> mark((size_t)V, 0);
-  std::vector<int64_t> near;
+  const Kernels& kt = K();
+  thread_local std::vector<float> ap;  // every element written before it is read: reused, not zeroed
+  if ((int64_t)ap.size() < V) ap.resize((size_t)V);
+  std::vector<int64_t> near, ids;
   for (int64_t m = 0; m < M; ++m) {
     const double c0 = coef[3 * m], c1 = coef[3 * m + 1], c2 = coef[3 * m + 2];
     float* a = ap.data();
     float aabs = 0.0f;
-    const float amax = (avx512 ? sum_max_avx512 : sum_max_scalar)(ra + m * V, oa + m * V, a, V, &aabs);
+    const float amax = kt.sum_max(ra + m * V, oa + m * V, a, V, &aabs);
     int64_t best = 0;
     while (a[best] != amax) ++best;
     auto bound = [&](int64_t v) {
@@ -842,13 +788,12 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& out
     // approx_v below cut - bmax cannot pass; the float threshold keeps a margin for its own rounding
     const double t = cut - bmax;
     near.clear();
-    (avx512 ? at_least_avx512 : at_least_scalar)(a, V, (float)(t - std::fabs(t) * 0x1p-20 - 1e-30), near);
+    kt.at_least(a, V, (float)(t - std::fabs(t) * 0x1p-20 - 1e-30), near);
     for (const int64_t v : near)
-      if ((double)a[v] + bound(v) >= cut) mark[v] = 1;
+      if ((double)a[v] + bound(v) >= cut) ids.push_back(v);
   }
-  std::vector<int64_t> ids;
-  for (int64_t v = 0; v < V; ++v)
-    if (mark[v]) ids.push_back(v);
+  std::sort(ids.begin(), ids.end());  // rows' candidates in one ascending list
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   at::Tensor res = at::empty({(int64_t)ids.size()}, at::kLong);
   if (!ids.empty()) std::memcpy(res.data_ptr<int64_t>(), ids.data(), ids.size() * sizeof(int64_t));
   return res;
@@ -2275,7 +2220,42 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
     }
 }
 
-static const Kernels kTable = {kIsaName,    &linear_tile,     &norm_rows,    &silu_rows,
-                               &attn_items, &selftest_reduce, &quantize_rows};
+static float sum_max(const float* r, const float* o, float* a, int64_t n, float* aabs) {
+  float m = -INFINITY, b = 0.0f;
+  int64_t v = 0;
+#if BI_KERNEL_PASS == 1
+  __m512 mx = _mm512_set1_ps(-INFINITY), mb = _mm512_setzero_ps();
+  for (; v + 16 <= n; v += 16) {
+    const __m512 s = _mm512_add_ps(_mm512_loadu_ps(r + v), _mm512_loadu_ps(o + v));
+    _mm512_storeu_ps(a + v, s);
+    mx = _mm512_max_ps(mx, s);
+    mb = _mm512_max_ps(mb, _mm512_abs_ps(s));
+  }
+  m = _mm512_reduce_max_ps(mx);
+  b = _mm512_reduce_max_ps(mb);
+#endif
+  for (; v < n; ++v) {
+    a[v] = r[v] + o[v];
+    m = std::max(m, a[v]);
+    b = std::max(b, std::fabs(a[v]));
+  }
+  *aabs = b;
+  return m;
+}
+
+static void at_least(const float* a, int64_t n, float t, std::vector<int64_t>& out) {
+  int64_t v = 0;
+#if BI_KERNEL_PASS == 1
+  const __m512 tv = _mm512_set1_ps(t);
+  for (; v + 16 <= n; v += 16)
+    for (unsigned k = _mm512_cmp_ps_mask(_mm512_loadu_ps(a + v), tv, _CMP_GE_OQ); k; k &= k - 1)
+      out.push_back(v + __builtin_ctz(k));
+#endif
+  for (; v < n; ++v)
+    if (a[v] >= t) out.push_back(v);
+}
+
+static const Kernels kTable = {kIsaName,      &linear_tile, &norm_rows, &silu_rows, &attn_items,
+                               &selftest_reduce, &quantize_rows, &sum_max, &at_least};
 
 #endif  // BI_KERNEL_PASS
