@@ -16,8 +16,8 @@ scale of w_R (r what they miss). Cauchy-Schwarz bounds each missing term by norm
 row and once per x row; the floating-point errors of the screen and of the full head (sequential fp32 sums of
 at most K + 4 terms) are bounded the same way. A token is a candidate when its upper bound reaches the largest
 lower bound, less the gap the output's rounding can close (bf16 logits: 2^-5 of it). The candidates' exact
-logits come from the head's own kernel on their weight rows alone (a column's result depends on nothing else),
-and the argmax over them, in vocabulary order, is the full head's.
+logits come from the head's own kernel on just the panels that hold them (a column's result depends on nothing
+else), and the argmax over them, in vocabulary order, is the full head's.
 
 Outlier dimensions: a few hidden dimensions carry values far above the rest (SmolLM2's dimension 199), and a
 per-row int8 scale set by them would blur every other dimension. The screen arms after its first rows, keeping
@@ -56,9 +56,6 @@ class GreedyHead:
         self.packed = packed
         self.pairs = kind == torch.int16  # bf16 k-pair panels: the kernel rounds x to bf16
         self.max_rows = SCREEN_ROWS["pairs" if self.pairs else "fma"]
-        self.repack = (bi.pack_linear_bf16_pairs if self.pairs else
-                       (lambda w: bi.pack_linear(w, torch.bfloat16)) if kind == torch.bfloat16 else
-                       (lambda w: bi.pack_linear(w, torch.float32)))
         # the values the head multiplies
         self.w = weight.detach().to(torch.bfloat16 if kind != torch.float32 else torch.float32)
         self.V, self.K = self.w.shape
@@ -91,9 +88,8 @@ class GreedyHead:
         self.rows_seen += xf.shape[0]
         if self.rows_seen >= ARM_ROWS:
             self.out_idx = self.seen.topk(min(OUTLIERS, self.K)).indices.sort().values
-            wo = self.w[:, self.out_idx].float()
-            exact_bf16 = torch.equal(wo.to(torch.bfloat16).float(), wo)  # widened bf16 panels: half the bytes
-            self.outliers = bi.pack_linear(wo, torch.bfloat16 if exact_bf16 else torch.float32)
+            self.wo = self.w[:, self.out_idx].float().t().contiguous()  # [outliers, V]: the op's column blocks
+            self.w = None  # a copy where the engine's head is fp32; the panels give the exact logits from here on
             self.armed = True
 
     def _x(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,10 +107,13 @@ class GreedyHead:
         # bf16 logits: a candidate's upper bound may fall short of the row's best lower bound by what rounding to
         # bf16 can close (2^-5 of it is two of bf16's steps even across a power of two)
         gap = 2.0 ** -5 if x.dtype == torch.bfloat16 else 0.0
-        ids = torch.ops.dflash_trt.bi_greedy_screen(bi.linear(xr, self.screen, None, self.chunks),
-                                                    bi.linear(xo, self.outliers), xr, xf, xo, self.g, self.g_max,
-                                                    self.chunks, gap)
+        ids = torch.ops.dflash_trt.bi_greedy_screen(bi.linear(xr, self.screen, None, self.chunks), self.wo, xr,
+                                                    xf, xo, self.g, self.g_max, self.chunks, gap)
         if ids.numel() > MAX_CANDIDATES:
             return None
-        exact = bi.linear(x, self.repack(self.w.index_select(0, ids)))
+        # the candidates' exact logits: the head's own kernel on just the panels that hold them (a column's
+        # result depends on its own weights alone)
+        panels, where = torch.unique_consecutive(ids // bi.PANEL, return_inverse=True)  # ids ascend
+        sub = bi.PackedLinear(self.packed.data.index_select(0, panels), panels.numel() * bi.PANEL, self.packed.k)
+        exact = bi.linear(x, sub)[:, where * bi.PANEL + ids % bi.PANEL]
         return ids[exact.float().argmax(1)]

@@ -144,6 +144,10 @@ struct Kernels {
   // indices of a >= t, ascending, appended to out
   float (*sum_max)(const float* r, const float* o, float* a, int64_t n, float* aabs);
   void (*at_least)(const float* a, int64_t n, float t, std::vector<int64_t>& out);
+  // o[m][v] = sum_j xo[m][j] wo[j][v] in fp32, in any order (the screen's bound covers every order), for
+  // rows m < M and columns [v0, v1) of V
+  void (*outlier_dots)(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0,
+                       int64_t v1, float* o);
 };
 
 // the AVX2 W8A8 tile, for AVX-512 CPUs without VNNI
@@ -643,12 +647,15 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
     for (int64_t i = 0; i < nslots; ++i)
       TORCH_CHECK(s[i] >= 0 && s[i] < S, "bi_paged_attention: kv slot ", s[i], " out of range [0, ", S, ")");
   }
-  // items: (sequence, first head, heads, first row, end row): up to 16 query heads of one KV group, for as many
-  // rows as keep the item at <= 16 queries. A sequence's items are adjacent, rows outer, heads inner.
+  // items: (sequence, first head, heads, first row, end row): up to 16 query heads of one KV group, for rows
+  // split as evenly as <= 16 queries an item allows (equal items keep two threads equally busy). A sequence's
+  // items are adjacent, rows outer, heads inner.
   constexpr int64_t QMAX = 16;
-  const int64_t G = H / KVH, HB = std::min(G, QMAX), RB = std::max<int64_t>(1, QMAX / HB);
+  const int64_t G = H / KVH, HB = std::min(G, QMAX), RB_MAX = std::max<int64_t>(1, QMAX / HB);
   std::vector<int32_t> items;
-  for (int64_t b = 0; b < B; ++b)
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n_row_blocks = std::max<int64_t>(1, (qlp[b] + RB_MAX - 1) / RB_MAX);
+    const int64_t RB = (qlp[b] + n_row_blocks - 1) / n_row_blocks;
     for (int64_t r0 = 0; r0 < qlp[b]; r0 += RB)
       for (int64_t g = 0; g < KVH; ++g)
         for (int64_t hh = 0; hh < G; hh += HB) {
@@ -658,6 +665,7 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
           items.push_back((int32_t)r0);
           items.push_back((int32_t)std::min(qlp[b], r0 + RB));
         }
+  }
   at::Tensor out = at::zeros({T, H, D}, q.options());
   AttnParams p{};
   p.q = qf.data_ptr<float>();
@@ -741,57 +749,77 @@ static void screen_coefficients(const float* xr, const float* x, const float* xo
   }
 }
 
-// approx = rest + out (fp32, as torch adds them); per row m, b_v = coef[m] . g[:, v] (non-negative terms, in
-// double) + 4u |approx_v| (the roundings of approx_v itself) + 1e-30 bounds |logit_v - approx_v|. Any
-// approx_v - b_v is a lower bound on the row's largest logit: that of the largest approx_v is taken as lo. Returns,
-// ascending, every v with approx_v + b_v >= lo - gap_rel |lo| - 1e-30 for some row: the only tokens whose logit
-// can round to the row's maximum. Only the approx_v within the largest b of that cut are priced one by one.
-static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& out, const at::Tensor& xr,
+// approx = rest + xo . wo[:, v] (the outlier dimensions' fp32 products, in any order: gamma_{n_out+1} covers
+// them, and 4u |approx_v| the sum's own rounding); per row m, b_v = coef[m] . g[:, v] (non-negative terms, in
+// double) + 4u |approx_v| + 1e-30 bounds |logit_v - approx_v|. Any approx_v - b_v is a lower bound on the row's
+// largest logit: that of the largest approx_v is taken as lo. Returns, ascending, every v with
+// approx_v + b_v >= lo - gap_rel |lo| - 1e-30 for some row: the only tokens whose logit can round to the row's
+// maximum. Only the approx_v within the largest b of that cut are priced one by one. Rows run on the threads
+// in parallel, as do the outlier products' column blocks.
+static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo, const at::Tensor& xr,
                                    const at::Tensor& x, const at::Tensor& xo, const at::Tensor& g,
                                    const at::Tensor& gm, int64_t chunks, double gap_rel) {
   auto f32 = [](const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2, "bi_greedy_screen: ", what,
                 " must be a contiguous float32 matrix");
   };
-  f32(rest, "rest"); f32(out, "out"); f32(xr, "xr"); f32(x, "x"); f32(xo, "xo"); f32(g, "g");
+  f32(rest, "rest"); f32(wo, "wo"); f32(xr, "xr"); f32(x, "x"); f32(xo, "xo"); f32(g, "g");
   TORCH_CHECK(gm.scalar_type() == at::kFloat && gm.numel() == 3, "bi_greedy_screen: gm must be g's 3 row maxima");
   const int64_t M = rest.size(0), V = rest.size(1), D = x.size(1), n_out = xo.size(1);
-  TORCH_CHECK(out.sizes() == rest.sizes() && g.size(0) == 3 && g.size(1) == V && xr.sizes() == x.sizes() &&
-                  x.size(0) == M && xo.size(0) == M && chunks > 0 && D % chunks == 0 && V > 0,
+  TORCH_CHECK(wo.size(0) == n_out && wo.size(1) == V && g.size(0) == 3 && g.size(1) == V &&
+                  xr.sizes() == x.sizes() && x.size(0) == M && xo.size(0) == M && chunks > 0 && D % chunks == 0 &&
+                  V > 0,
               "bi_greedy_screen: shapes do not match");
   std::vector<double> coef((size_t)(3 * M));
   screen_coefficients(xr.data_ptr<float>(), x.data_ptr<float>(), xo.data_ptr<float>(), M, D, n_out, (int)chunks,
                       coef.data());
   const float* ra = rest.data_ptr<float>();
-  const float* oa = out.data_ptr<float>();
   const float* g0 = g.data_ptr<float>();
   const float *g1 = g0 + V, *g2 = g0 + 2 * V;
   const float* gmax = gm.data_ptr<float>();
   const double ru = 4.0 * 0x1p-24;
   const Kernels& kt = K();
-  thread_local std::vector<float> ap;  // every element written before it is read: reused, not zeroed
-  if ((int64_t)ap.size() < V) ap.resize((size_t)V);
-  std::vector<int64_t> near, ids;
-  for (int64_t m = 0; m < M; ++m) {
-    const double c0 = coef[3 * m], c1 = coef[3 * m + 1], c2 = coef[3 * m + 2];
-    float* a = ap.data();
-    float aabs = 0.0f;
-    const float amax = kt.sum_max(ra + m * V, oa + m * V, a, V, &aabs);
-    int64_t best = 0;
-    while (a[best] != amax) ++best;
-    auto bound = [&](int64_t v) {
-      return c0 * g0[v] + c1 * g1[v] + c2 * g2[v] + ru * std::fabs((double)a[v]) + 1e-30;
-    };
-    const double lo = (double)a[best] - bound(best);
-    const double cut = lo - gap_rel * std::fabs(lo) - 1e-30;
-    const double bmax = c0 * gmax[0] + c1 * gmax[1] + c2 * gmax[2] + ru * aabs + 1e-30;
-    // approx_v below cut - bmax cannot pass; the float threshold keeps a margin for its own rounding
-    const double t = cut - bmax;
-    near.clear();
-    kt.at_least(a, V, (float)(t - std::fabs(t) * 0x1p-20 - 1e-30), near);
-    for (const int64_t v : near)
-      if ((double)a[v] + bound(v) >= cut) ids.push_back(v);
+  thread_local std::vector<float> ob;  // every element written before it is read: reused, not zeroed
+  if ((int64_t)ob.size() < M * V) ob.resize((size_t)(M * V));
+  float* const oa = ob.data();
+  const int Tn = M * V * n_out >= (1 << 16) ? std::min(nthreads(), 2) : 1;
+  const unsigned csr = _mm_getcsr();
+  std::vector<std::vector<int64_t>> row_ids((size_t)M);
+#pragma omp parallel num_threads(Tn)
+  {
+    CsrScope cs(csr);
+    const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+    int64_t v0, v1;
+    balanced((V + 15) / 16, nt, me, v0, v1);
+    kt.outlier_dots(xo.data_ptr<float>(), M, n_out, wo.data_ptr<float>(), V, v0 * 16, std::min(V, v1 * 16), oa);
+#pragma omp barrier
+    thread_local std::vector<float> ap;  // as ob
+    if ((int64_t)ap.size() < V) ap.resize((size_t)V);
+    std::vector<int64_t> near;
+#pragma omp for schedule(static, 1)
+    for (int64_t m = 0; m < M; ++m) {
+      const double c0 = coef[3 * m], c1 = coef[3 * m + 1], c2 = coef[3 * m + 2];
+      float* a = ap.data();
+      float aabs = 0.0f;
+      const float amax = kt.sum_max(ra + m * V, oa + m * V, a, V, &aabs);
+      int64_t best = 0;
+      while (a[best] != amax) ++best;
+      auto bound = [&](int64_t v) {
+        return c0 * g0[v] + c1 * g1[v] + c2 * g2[v] + ru * std::fabs((double)a[v]) + 1e-30;
+      };
+      const double lo = (double)a[best] - bound(best);
+      const double cut = lo - gap_rel * std::fabs(lo) - 1e-30;
+      const double bmax = c0 * gmax[0] + c1 * gmax[1] + c2 * gmax[2] + ru * aabs + 1e-30;
+      // approx_v below cut - bmax cannot pass; the float threshold keeps a margin for its own rounding
+      const double t = cut - bmax;
+      near.clear();
+      kt.at_least(a, V, (float)(t - std::fabs(t) * 0x1p-20 - 1e-30), near);
+      for (const int64_t v : near)
+        if ((double)a[v] + bound(v) >= cut) row_ids[m].push_back(v);
+    }
   }
+  std::vector<int64_t> ids;
+  for (const auto& r : row_ids) ids.insert(ids.end(), r.begin(), r.end());
   std::sort(ids.begin(), ids.end());  // rows' candidates in one ascending list
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   at::Tensor res = at::empty({(int64_t)ids.size()}, at::kLong);
@@ -1163,7 +1191,9 @@ BI_INLINE V16 vexp(V16 x) {
 // linq_kernel: the exact int32 sums of one chunk, out[(m * NP + j) * 32 + col] = sum_k (xq[m][k] - 128) * w[k]
 // for MR rows and NP panels; xq: row 0 at the chunk's first column (rows ldq apart); w: panel 0 at the chunk's
 // first quad (panels pstride int32 apart). Integer sums are exact, so how they are formed never shows.
-typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*);
+// xc: per row, 128 * sum_k (xq[m][k] - 128) over the call's quads, where the caller has it (a row's chunk is the
+// same for every panel), or nullptr; only the VNNI kernel, whose products carry that term, reads it.
+typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*, const int32_t*);
 #ifndef BI_PF_FAR
 // 128-byte k-steps of a weight panel (32 KiB) fetched ahead into L2 by tiles of 2+ rows, besides the near L1
 // prefetch. The near one alone runs about one DRAM latency ahead, so a compute-bound tile of several rows waits
@@ -1181,8 +1211,8 @@ BI_INLINE V16 vcvt_i32(const int32_t* p) { return {_mm512_cvtepi32_ps(_mm512_loa
 #pragma GCC target("avx512vnni")
 // The operands swap roles here: the weight bytes, flipped to w + 128, are the unsigned operand and the codes,
 // flipped to xq - 128, the signed broadcast, so sum (w + 128)(xq - 128) = the sum + 128 * sum (xq - 128): one
-// row sum per call instead of a sum_k w per quad beside the rows' products (which also left GCC spilling the
-// accumulators: 0.6x the rate at 8 rows).
+// row sum per row and chunk (linear_tile_q makes it once for all panels) instead of a sum_k w per quad beside
+// the rows' products (which also left GCC spilling the accumulators: 0.6x the rate at 8 rows).
 BI_INLINE int32_t xs_sum(const uint8_t* x, int64_t n) {  // sum of (x[k] - 128), k < n
   const __m512i z = _mm512_setzero_si512();
   __m512i s = z;
@@ -1191,9 +1221,10 @@ BI_INLINE int32_t xs_sum(const uint8_t* x, int64_t n) {  // sum of (x[k] - 128),
   if (k < n) s = _mm512_add_epi64(s, _mm512_sad_epu8(_mm512_maskz_loadu_epi8(_bzhi_u64(~0ull, (unsigned)(n - k)), x + k), z));
   return (int32_t)(_mm512_reduce_add_epi64(s) - 128 * n);
 }
+static int32_t xs_corr(const uint8_t* x, int64_t n) { return (int32_t)((uint32_t)xs_sum(x, n) << 7); }
 template <int MR, int NP>
 static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
-                        int32_t* out) {
+                        int32_t* out, const int32_t* xc) {
   __m512i acc[MR][NP][2];
   for (int j = 0; j < NP; ++j)
     for (int h = 0; h < 2; ++h)
@@ -1217,7 +1248,7 @@ static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_
   }
   for (int m = 0; m < MR; ++m) {
     // exact mod 2^32, and the true sum fits int32
-    const __m512i c = _mm512_set1_epi32((int32_t)((uint32_t)xs_sum(xq + m * ldq, 4 * nq) << 7));
+    const __m512i c = _mm512_set1_epi32(xc ? xc[m] : xs_corr(xq + m * ldq, 4 * nq));
     for (int j = 0; j < NP; ++j)
       for (int h = 0; h < 2; ++h)
         _mm512_storeu_si512((void*)(out + (m * NP + j) * 32 + 16 * h), _mm512_sub_epi32(acc[m][j][h], c));
@@ -1286,7 +1317,7 @@ static void linq_tiles(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t
   const int64_t nt = nq / 16 * 16;
   alignas(64) int32_t wsum[32], rest[MRQ * 32];
   linq_amx(xq, ldq, w, nt, out, wsum);
-  if (nq > nt) fk(xq + 4 * nt, ldq, w + nt * 32, pstride, nq - nt, rest);
+  if (nq > nt) fk(xq + 4 * nt, ldq, w + nt * 32, pstride, nq - nt, rest, nullptr);
   for (int m = 0; m < mr; ++m)
     for (int j = 0; j < 32; ++j)  // exact: the true sum fits int32, so wrap-around cancels
       out[m * 32 + j] = (int32_t)((uint32_t)out[m * 32 + j] - ((uint32_t)wsum[j] << 7) +
@@ -1301,7 +1332,7 @@ BI_INLINE V16 vcvt_i32(const int32_t* p) {
 // pmaddwd on 16-bit widened codes: lanes come out as columns 0,1,4,5 | 2,3,6,7 of each 8, put back at the end
 template <int MR, int NP>
 static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
-                        int32_t* out) {
+                        int32_t* out, const int32_t*) {
   __m256i acc[MR][4];
   for (int m = 0; m < MR; ++m)
     for (int g = 0; g < 4; ++g) acc[m][g] = _mm256_setzero_si256();
@@ -1333,7 +1364,7 @@ enum { MRQ = 2, NPQ = 1 };
 BI_INLINE V16 vcvt_i32(const int32_t* p) { V16 r; for (int i = 0; i < 16; ++i) r.v[i] = (float)p[i]; return r; }
 template <int MR, int NP>
 static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
-                        int32_t* out) {
+                        int32_t* out, const int32_t*) {
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NP * 32; ++j) {
       int32_t acc = 0;
@@ -1848,18 +1879,23 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
     // tiles pay from 8 rows (a verify block) on; below, VNNI is as fast
     const bool tiles = amx && mr >= 8 && nq >= 16;
     if (tiles) amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
+    int32_t xc[8][MRQ];  // the rows' correction terms per chunk, once for all panels
+    for (int c = 0; c < nch; ++c)
+      for (int m = 0; m < mr; ++m) xc[c][m] = xs_corr(p.xq + (r + m) * p.ldq + c * cl, cl);
+#else
+    const int32_t* xc[8] = {};
 #endif
     for (int64_t g = pn0; g < pn1; ++g) {  // one panel per call (NPQ == 1)
       for (int c = 0; c < nch; ++c) {
-        const uint8_t* xc = p.xq + r * p.ldq + c * cl;
+        const uint8_t* xk = p.xq + r * p.ldq + c * cl;
         const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
 #if BI_KERNEL_PASS == 1
         if (tiles) {
-          linq_tiles(xc, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
+          linq_tiles(xk, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
           continue;
         }
 #endif
-        fk(xc, p.ldq, wc, pstride, nq, ibp + c * cs);
+        fk(xk, p.ldq, wc, pstride, nq, ibp + c * cs, xc[c]);
       }
       for (int h = 0; h < 2; ++h) {
         const int64_t col = g * 32 + 16 * h;
@@ -2255,7 +2291,38 @@ static void at_least(const float* a, int64_t n, float t, std::vector<int64_t>& o
     if (a[v] >= t) out.push_back(v);
 }
 
-static const Kernels kTable = {kIsaName,      &linear_tile, &norm_rows, &silu_rows, &attn_items,
-                               &selftest_reduce, &quantize_rows, &sum_max, &at_least};
+// MG rows' products over columns [v0, v1): the rows share each weight load, and two chains per row (even and
+// odd j) keep the FMAs from waiting on each other (the bound takes the sums in any order)
+template <int MG>
+static void outlier_rows(const float* xo, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
+                         float* o) {
+  for (int64_t v = v0; v < v1; v += 16) {
+    const int nv = (int)std::min<int64_t>(16, v1 - v);
+    V16 acc[MG][2];
+    for (int m = 0; m < MG; ++m) acc[m][0] = acc[m][1] = vzero();
+    int64_t j = 0;
+    for (; j < n_out; ++j) {
+      const V16 w = nv == 16 ? vload(wo + j * V + v) : vload_n(wo + j * V + v, nv);
+      const int h = (int)(j & 1);
+      for (int m = 0; m < MG; ++m) acc[m][h] = vfma(vset1(xo[m * n_out + j]), w, acc[m][h]);
+    }
+    for (int m = 0; m < MG; ++m) {
+      const V16 r = vadd(acc[m][0], acc[m][1]);
+      if (nv == 16) vstore(o + m * V + v, r);
+      else vstore_n(o + m * V + v, r, nv);
+    }
+  }
+}
+
+static void outlier_dots(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0,
+                         int64_t v1, float* o) {
+  for (int64_t m0 = 0; m0 < M;)
+    m0 += widest_upto<8>((int)(M - m0), [&](auto w) {
+      outlier_rows<decltype(w)::value>(xo + m0 * n_out, n_out, wo, V, v0, v1, o + m0 * V);
+    });
+}
+
+static const Kernels kTable = {kIsaName,      &linear_tile,     &norm_rows, &silu_rows, &attn_items,
+                               &selftest_reduce, &quantize_rows, &sum_max,   &at_least,  &outlier_dots};
 
 #endif  // BI_KERNEL_PASS

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace fl {
@@ -106,15 +107,40 @@ struct FusedLayer : torch::CustomClassHolder {
 
 // ---- rope, the K/V write, the residual add --------------------------------------------------------------------
 
+// bf16 <-> fp32 on the raw bits, written so that the compiler vectorises the rope loops: widening is exact, and
+// rounding is round-to-nearest-even with NaN mapped to 0x7FC0, bit for bit what c10::BFloat16(float) does
+static inline float widen(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t round_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t r = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return f != f ? (uint16_t)0x7FC0 : r;
+}
 template <typename T>
-static inline float ld(const T* p, int64_t i) { return static_cast<float>(p[i]); }
-
+static inline float ld(const T* p, int64_t i) {
+  if constexpr (std::is_same<T, float>::value) return p[i];
+  else return widen(reinterpret_cast<const uint16_t*>(p)[i]);
+}
 template <typename T>
-static inline T rnd(float v) { return static_cast<T>(v); }  // bf16: round to nearest even, as torch casts
+static inline void st(T* p, int64_t i, float v) {
+  if constexpr (std::is_same<T, float>::value) p[i] = v;
+  else reinterpret_cast<uint16_t*>(p)[i] = round_bf16(v);
+}
+template <typename T>
+static inline float rnd(float v) {  // v rounded to T, as a float
+  if constexpr (std::is_same<T, float>::value) return v;
+  else return widen(round_bf16(v));
+}
 
 // out[t, h, :] = x*cos + rot(x)*sin with rot(x) = cat(-x[half:], x[:half]), every operation rounded to T as
 // PyTorch's three separate elementwise ops round it (its bf16 kernels compute in fp32 and round each result).
-// x rows are t * ldx apart, heads D apart; cos/sin [T, D] contiguous in T.
+// x rows are t * ldx apart, heads D apart; cos/sin [T, D] contiguous in T. The two halves are separate loops
+// so that each is a straight vector loop.
 template <typename T>
 static void rope_rows(const T* x, int64_t ldx, const T* cos, const T* sin, int64_t nt, int64_t nh, int64_t D,
                       T* out) {
@@ -125,11 +151,15 @@ static void rope_rows(const T* x, int64_t ldx, const T* cos, const T* sin, int64
     for (int64_t h = 0; h < nh; ++h) {
       const T* xr = x + t * ldx + h * D;
       T* o = out + (t * nh + h) * D;
-      for (int64_t i = 0; i < D; ++i) {
-        const float rot = i < half ? -ld(xr, i + half) : ld(xr, i - half);
-        const T a = rnd<T>(ld(xr, i) * ld(c, i));
-        const T b = rnd<T>(rot * ld(s, i));
-        o[i] = rnd<T>(static_cast<float>(a) + static_cast<float>(b));
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = rnd<T>(ld(xr, i) * ld(c, i));
+        const float b = rnd<T>(-ld(xr, i + half) * ld(s, i));
+        st(o, i, a + b);
+      }
+      for (int64_t i = half; i < D; ++i) {
+        const float a = rnd<T>(ld(xr, i) * ld(c, i));
+        const float b = rnd<T>(ld(xr, i - half) * ld(s, i));
+        st(o, i, a + b);
       }
     }
   }
