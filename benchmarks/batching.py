@@ -5,6 +5,9 @@
 
 A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair and short
 coding requests decoded to max_tokens; --dataset: that benchmark's prompts, each ending at EOS or max_tokens).
+Every level runs --num-requests requests (at least one per slot). With only two waves of requests, how the last
+ones happen to line up weighs as much as the steady state the figure is for: AR's requests, all of one length,
+finish together, while DFlash's drift apart and leave a tail of part-full steps.
 The AR and the DFlash engine (and with --fixed-too a DFlash engine drafting the full K every step, as
 TensorRT-LLM does; with --ready-too one that never drafts, what being ready to draft costs) run side by side,
 one iteration each in turn, each timed by its own clock (the sum of its iteration times): on a shared, noisy
@@ -107,12 +110,13 @@ def main():
           f"rows {', '.join(f'{n:g}: {v:.2f}' for n, v in c.curve)}; drafter pass by requests "
           f"{', '.join(f'{n:g}: {v:.2f}' for n, v in c.draft_curve)}")
     names = list(engines)
+    print(f"{max(args.num_requests, 1)} requests per level (at least one per slot), {args.max_tokens} tokens each")
     print(f"{'conc':>4s} " + " ".join(f"{n + ' agg':>13s}" for n in names) + " " +
           " ".join(f"{n + '/AR':>11s}" for n in names[1:]) + " " + " ".join(f"{n + ' tau':>11s}" for n in names[1:])
           + " " + " ".join(f"{n + ' user':>12s}" for n in names) + "  (tok/s; each engine on its own clock)")
     ratios, ar_agg = {n: {} for n in names}, {}
     for cc in conc:
-        ps = prompts[:max(cc, min(len(prompts), 2 * cc))]
+        ps = (prompts * cc)[:max(cc, len(prompts))]
         loops = {n: ClosedLoop(llm, ps, cc, args.max_tokens, ignore_eos=not args.dataset) for n, llm in engines.items()}
         while any(lp.busy for lp in loops.values()):
             for lp in loops.values():
