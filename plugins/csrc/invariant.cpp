@@ -648,7 +648,7 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
       TORCH_CHECK(s[i] >= 0 && s[i] < S, "bi_paged_attention: kv slot ", s[i], " out of range [0, ", S, ")");
   }
   // items: (sequence, first head, heads, first row, end row): up to 16 query heads of one KV group, for rows
-  // split as evenly as <= 16 queries an item allows (equal items keep two threads equally busy). A sequence's
+  // split as evenly as <= 16 queries an item allows (equal items keep the threads equally busy). A sequence's
   // items are adjacent, rows outer, heads inner.
   constexpr int64_t QMAX = 16;
   const int64_t G = H / KVH, HB = std::min(G, QMAX), RB_MAX = std::max<int64_t>(1, QMAX / HB);
