@@ -23,8 +23,8 @@ Outlier dimensions: a few hidden dimensions carry values far above the rest (Smo
 per-row int8 scale set by them would blur every other dimension. The screen arms after its first rows, keeping
 out the dimensions of the largest mean |x| it saw; which ones are kept never changes a token, only how many
 candidates there are. Where too many remain (or x is not finite), the caller computes full logits. The codes
-and norms are made when the engine loads (`TargetModel.prepare_greedy_head`); arming only packs the outlier
-columns.
+and norms are made when the engine loads (`TargetModel.prepare_greedy_head`); arming only copies out the
+outlier columns.
 """
 from __future__ import annotations
 

@@ -55,9 +55,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
-#include <memory>
 #include <vector>
 
 namespace bi {
@@ -855,7 +855,7 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
         "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets, float scale, bool causal=True) -> Tensor");
   m.def("bi_set_isa(str isa) -> str", &bi::bi_set_isa);
   m.def("bi_selftest_reduce(Tensor a) -> Tensor");
-  m.def("bi_greedy_screen(Tensor rest, Tensor out, Tensor xr, Tensor x, Tensor xo, Tensor g, Tensor gm, "
+  m.def("bi_greedy_screen(Tensor rest, Tensor wo, Tensor xr, Tensor x, Tensor xo, Tensor g, Tensor gm, "
         "int chunks, float gap_rel) -> Tensor");
 }
 
@@ -1879,8 +1879,8 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
     // tiles pay from 8 rows (a verify block) on; below, VNNI is as fast
     const bool tiles = amx && mr >= 8 && nq >= 16;
     if (tiles) amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
-    int32_t xc[8][MRQ];  // the rows' correction terms per chunk, once for all panels
-    for (int c = 0; c < nch; ++c)
+    int32_t xc[8][MRQ];  // the rows' correction terms per chunk, once for all panels (tiles make their own)
+    for (int c = 0; c < nch && !tiles; ++c)
       for (int m = 0; m < mr; ++m) xc[c][m] = xs_corr(p.xq + (r + m) * p.ldq + c * cl, cl);
 #else
     const int32_t* xc[8] = {};
@@ -2300,8 +2300,7 @@ static void outlier_rows(const float* xo, int64_t n_out, const float* wo, int64_
     const int nv = (int)std::min<int64_t>(16, v1 - v);
     V16 acc[MG][2];
     for (int m = 0; m < MG; ++m) acc[m][0] = acc[m][1] = vzero();
-    int64_t j = 0;
-    for (; j < n_out; ++j) {
+    for (int64_t j = 0; j < n_out; ++j) {
       const V16 w = nv == 16 ? vload(wo + j * V + v) : vload_n(wo + j * V + v, nv);
       const int h = (int)(j & 1);
       for (int m = 0; m < MG; ++m) acc[m][h] = vfma(vset1(xo[m * n_out + j]), w, acc[m][h]);
