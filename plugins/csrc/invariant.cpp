@@ -1222,6 +1222,12 @@ BI_INLINE int32_t xs_sum(const uint8_t* x, int64_t n) {  // sum of (x[k] - 128),
   return (int32_t)(_mm512_reduce_add_epi64(s) - 128 * n);
 }
 static int32_t xs_corr(const uint8_t* x, int64_t n) { return (int32_t)((uint32_t)xs_sum(x, n) << 7); }
+// acc + the dot products of u's unsigned and s's signed byte quads. As asm, the accumulator stays in its register:
+// GCC copies the intrinsic's tied operand through other registers and the stack (3 stores per 16 at 8 rows)
+BI_INLINE __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
 template <int MR, int NP>
 static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
                         int32_t* out, const int32_t* xc) {
@@ -1243,7 +1249,7 @@ static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_
       std::memcpy(&quad, xq + m * ldq + 4 * q, 4);
       const __m512i a = _mm512_set1_epi32((int)(quad ^ 0x80808080u));
       for (int j = 0; j < NP; ++j)
-        for (int h = 0; h < 2; ++h) acc[m][j][h] = _mm512_dpbusd_epi32(acc[m][j][h], b[j][h], a);
+        for (int h = 0; h < 2; ++h) acc[m][j][h] = dpbusd(acc[m][j][h], b[j][h], a);
     }
   }
   for (int m = 0; m < MR; ++m) {
@@ -1863,57 +1869,82 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
   if (!vnni) return bi::g_linq_avx2(p, m0, m1, pn0, pn1);
   const bool amx = bi::amx_active();
+#else
+  const bool amx = false;
 #endif
   const int64_t cl = p.chunk_len, nq = cl / 4;
   const int nch = p.nchunks;
   const int64_t pstride = (p.K / 4) * 32;  // int32 per panel
   const int64_t cs = (int64_t)MRQ * NPQ * 32;
-  thread_local std::vector<int32_t> ib;
+  thread_local std::vector<int32_t> ib, xcb;
   if ((int64_t)ib.size() < nch * cs) ib.resize(nch * cs);
   int32_t* const ibp = ib.data();  // hoisted: a thread_local's address is a call away
   const int32_t* w0 = (const int32_t*)p.w;
-  for (int64_t r = m0; r < m1; r += MRQ) {
-    const int mr = (int)std::min<int64_t>(MRQ, m1 - r);
-    const LinqFn fk = linq_pick<NPQ>(mr);
+  const int64_t rows = m1 - m0;
+  // balanced tiles of <= MRQ rows (32 rows: 11 + 11 + 10, not 12 + 12 + 8)
+  const int64_t nt = (rows + MRQ - 1) / MRQ;
+  const int base = (int)(rows / nt), extra = (int)(rows % nt);
+  const LinqFn fk_base = linq_pick<NPQ>(base), fk_extra = extra ? linq_pick<NPQ>(base + 1) : nullptr;
+  // one panel of one tile: the chunks' exact sums, then per output element the scales and the tree over chunks
+  auto run = [&](int64_t g, int64_t r, int mr, LinqFn fk, bool tiles, const int32_t* xc) {
+    for (int c = 0; c < nch; ++c) {
+      const uint8_t* xk = p.xq + r * p.ldq + c * cl;
+      const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
 #if BI_KERNEL_PASS == 1
-    // tiles pay from 8 rows (a verify block) on; below, VNNI is as fast
-    const bool tiles = amx && mr >= 8 && nq >= 16;
-    if (tiles) amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
-    int32_t xc[8][MRQ];  // the rows' correction terms per chunk, once for all panels (tiles make their own)
-    for (int c = 0; c < nch && !tiles; ++c)
-      for (int m = 0; m < mr; ++m) xc[c][m] = xs_corr(p.xq + (r + m) * p.ldq + c * cl, cl);
-#else
-    const int32_t* xc[8] = {};
-#endif
-    for (int64_t g = pn0; g < pn1; ++g) {  // one panel per call (NPQ == 1)
-      for (int c = 0; c < nch; ++c) {
-        const uint8_t* xk = p.xq + r * p.ldq + c * cl;
-        const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
-#if BI_KERNEL_PASS == 1
-        if (tiles) {
-          linq_tiles(xk, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
-          continue;
-        }
-#endif
-        fk(xk, p.ldq, wc, pstride, nq, ibp + c * cs, xc[c]);
+      if (tiles) {
+        linq_tiles(xk, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
+        continue;
       }
-      for (int h = 0; h < 2; ++h) {
-        const int64_t col = g * 32 + 16 * h;
-        const int64_t rem = p.N - col;
-        if (rem <= 0) continue;
-        const int nv = rem >= 16 ? 16 : (int)rem;
-        const V16 sw = vload(p.ws + col);
-        V16 bias = vzero();
-        if (p.bias) bias = ld_n<false>(p.bias, col, nv);
-        for (int m = 0; m < mr; ++m) {
-          V16 t[8];
-          for (int c = 0; c < nch; ++c)
-            t[c] = vmul(vmul(vcvt_i32(ibp + c * cs + m * 32 + 16 * h), vset1(p.xs[(r + m) * nch + c])), sw);
-          tree_store(p, t, nch, bias, r + m, col, nv);
-        }
+#else
+      (void)tiles;
+#endif
+      fk(xk, p.ldq, wc, pstride, nq, ibp + c * cs, xc ? xc + c * rows : nullptr);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const int64_t col = g * 32 + 16 * h;
+      const int64_t rem = p.N - col;
+      if (rem <= 0) continue;
+      const int nv = rem >= 16 ? 16 : (int)rem;
+      const V16 sw = vload(p.ws + col);
+      V16 bias = vzero();
+      if (p.bias) bias = ld_n<false>(p.bias, col, nv);
+      for (int m = 0; m < mr; ++m) {
+        V16 t[8];
+        for (int c = 0; c < nch; ++c)
+          t[c] = vmul(vmul(vcvt_i32(ibp + c * cs + m * 32 + 16 * h), vset1(p.xs[(r + m) * nch + c])), sw);
+        tree_store(p, t, nch, bias, r + m, col, nv);
       }
     }
+  };
+  if (amx && nq >= 16 && base >= 8) {
+    // AMX tiles pay from 8 rows (a verify block) on; the tile shape is configured per row block, so row blocks
+    // run outermost here
+    for (int64_t t = 0, r = m0; t < nt; ++t) {
+      const int mr = base + (t < extra ? 1 : 0);
+#if BI_KERNEL_PASS == 1
+      amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
+#endif
+      for (int64_t g = pn0; g < pn1; ++g) run(g, r, mr, t < extra ? fk_extra : fk_base, true, nullptr);
+      r += mr;
+    }
+    return;
   }
+  // The VNNI kernel's per-row correction terms, once per row and chunk for all panels ([chunk][row]); every tile
+  // of rows runs on a panel before the next panel, which so stays in cache for all of them (tiles outermost
+  // re-read the weights from memory once per 12 rows)
+  const int32_t* xc = nullptr;
+#if BI_KERNEL_PASS == 1
+  if ((int64_t)xcb.size() < nch * rows) xcb.resize(nch * rows);
+  for (int c = 0; c < nch; ++c)
+    for (int64_t m = 0; m < rows; ++m) xcb[c * rows + m] = xs_corr(p.xq + (m0 + m) * p.ldq + c * cl, cl);
+  xc = xcb.data();
+#endif
+  for (int64_t g = pn0; g < pn1; ++g)  // one panel per call (NPQ == 1)
+    for (int64_t t = 0, r = m0; t < nt; ++t) {
+      const int mr = base + (t < extra ? 1 : 0);
+      run(g, r, mr, t < extra ? fk_extra : fk_base, false, xc ? xc + (r - m0) : nullptr);
+      r += mr;
+    }
 }
 
 // ---- RMSNorm -------------------------------------------------------------------------------------------
