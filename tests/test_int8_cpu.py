@@ -109,6 +109,8 @@ def test_int8_engine_dflash_equals_its_ar(pair, mode, dtype):
     assert layer.self_attn.qkv.packed.dtype == dtype and layer.mlp.gate_up.packed.dtype == dtype
     assert layer.fusable  # the fused projections and the one-op layer run on the int8 panels
     assert spec.engine.drafter.layers[0].mlp.down_proj.packed.dtype == dtype  # the drafter follows `weights`
+    # but W8A8 leaves its fc (the target's raw hidden states in, outliers and all) as the checkpoint's panels
+    assert spec.engine.drafter.fc.packed.dtype == (torch.float32 if mode == "w8a8" else dtype)
     out = spec.generate(prompts, sp)  # three requests batched
     alone = [spec.generate([p], sp)[0] for p in prompts]
     ar = LLM(target=t, speculative=False, weights=mode).generate(prompts, sp)
