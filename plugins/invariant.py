@@ -210,6 +210,18 @@ def bf16_pairs_pay() -> bool:
     return "avx512_bf16" in flags and "amx_bf16" not in flags
 
 
+@functools.lru_cache(maxsize=1)
+def int8_dots_pay() -> bool:
+    """Whether W8A8 runs on integer dot products here (AVX-512 VNNI or AMX-INT8): 64 multiply-adds per
+    instruction, twice vdpbf16ps and four times an fp32 FMA, so a pass of several rows costs half a bf16 one."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "amx_int8" in flags
+
+
 def pack_linear_bf16_pairs(weight: torch.Tensor) -> PackedLinear:
     """bf16 weights for bf16 x bf16 dot products: int16 panels [P, K, 32] holding, per pair of k and column, the
     bf16 of k = 2q in the low half and of k = 2q + 1 in the high half of a 32-bit lane (AVX512-BF16's

@@ -42,8 +42,9 @@ class EngineConfig:
     # "w8a8" (int8 weights and per-row int8 activations, integer dot products) or "fp8" (per-channel,
     # quantised at load; fewer bytes per decode step, the logits move by the rounding)
     weights: str = "auto"
-    # the drafter's own linears and its draft-vocabulary head: None follows `weights`; "auto" keeps the
-    # checkpoint's (drafts move with the rounding, the output never does)
+    # the drafter's own linears and its draft-vocabulary head: None follows `weights`, except that a target kept
+    # as loaded ("auto") drafts in "w8a8" on CPUs with integer dot products (int8_weights.draft_weights_for);
+    # "auto" keeps the checkpoint's (drafts move with the rounding, the output never does)
     draft_weights: str | None = None
     # draft among the drafter's draft_vocab.json tokens when it has one (runtime/draft_vocab.py)
     draft_vocab: bool = True

@@ -108,6 +108,21 @@ def _repack_linears(model, pack, keep=None) -> int:
     return count
 
 
+def draft_weights_for(weights: str, draft_weights: str | None) -> str:
+    """The drafter's packing: as given; else the target's `weights`, except that a target kept as loaded ("auto")
+    drafts in W8A8 where the CPU has integer dot products. A drafter pass is several rows per request, where the
+    kernels are compute-bound and W8A8 runs at twice the bf16 rate: on the embedded pair (bf16) the pass costs
+    0.26 instead of 0.32 target steps at one request and 0.37 instead of 0.51 at four. Its drafts move with the
+    rounding (1-2% fewer tokens per step at K = 7); the output never does."""
+    if draft_weights is not None:
+        return draft_weights
+    if weights != "auto":
+        return weights
+    from .plugins import invariant as bi
+
+    return "w8a8" if bi.int8_dots_pay() else "auto"
+
+
 def repack_drafter(drafter, mode: str) -> int:
     """Re-pack the packed drafter's own linears and its draft-vocabulary head (after use_vocab) as `mode`;
     returns how many. Its embedding, norms and the target's head it shares are untouched."""

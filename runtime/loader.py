@@ -257,9 +257,10 @@ def prepare_for_device(target, drafter, paths: ModelPaths, cfg, sharded: bool = 
         ids = load_draft_vocab(paths.draft, target.cfg.vocab_size)
         if ids is not None:
             drafter.use_vocab(ids, target.head_weight)
-    draft_mode = cfg.weights if cfg.draft_weights is None else cfg.draft_weights
+    from .int8_weights import draft_weights_for, repack_drafter
+
+    draft_mode = draft_weights_for(cfg.weights, cfg.draft_weights)
     if drafter is not None and draft_mode != "auto" and target.head_packed is not None and not sharded:
-        from .int8_weights import repack_drafter
 
         stage(f"packed {repack_drafter(drafter, draft_mode)} drafter linears as {draft_mode} weights")
     if not sharded and getattr(target, "head_packed", None) is not None:

@@ -32,8 +32,9 @@ SP = SamplingParams(max_tokens=30, ignore_eos=True)
 def test_full_vocab_file_drafts_exactly_as_without(pair):
     root, t, d = pair
     full = with_vocab(root, d, "full", range(tiny.VOCAB))
-    a = LLM(target=t, draft=d, trace=True, draft_len_policy="fixed").generate(PROMPTS, SP)
-    b = LLM(target=t, draft=full, trace=True, draft_len_policy="fixed").generate(PROMPTS, SP)
+    # the drafter as loaded: an 8-bit drafter packs its draft-vocabulary head, but never the target's
+    a = LLM(target=t, draft=d, trace=True, draft_len_policy="fixed", draft_weights="auto").generate(PROMPTS, SP)
+    b = LLM(target=t, draft=full, trace=True, draft_len_policy="fixed", draft_weights="auto").generate(PROMPTS, SP)
     assert [o.trace for o in a] == [o.trace for o in b]
     assert sum(o.accepted for o in a) > 0
 
@@ -81,7 +82,7 @@ def test_draft_confidence_is_the_drafters_probability_of_its_token(pair, softcap
     sub = with_vocab(root, d, "conf_sub", range(3, tiny.VOCAB, 2))
     g = torch.Generator().manual_seed(7)
     for draft in (d, sub):
-        eng = LLM(target=t, draft=draft, draft_len_policy="fixed").engine
+        eng = LLM(target=t, draft=draft, draft_len_policy="fixed", draft_weights="auto").engine
         dr, head = eng.proposer.drafter, eng.target.logits
         dr.cfg.final_logit_softcapping = softcap
         hidden = torch.randn(6, dr.cfg.hidden_size, generator=g) * 3

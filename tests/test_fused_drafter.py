@@ -29,7 +29,8 @@ def passes(pair, dtype, *, scratch_at=None):
     """Run DFlash over PROMPTS; at every drafter pass compare the fused pass with the module path on the same
     inputs. Returns (max |difference| / max |hidden|, passes, whether any context row changed, outputs)."""
     t, d = pair
-    llm = LLM(target=t, draft=d, draft_len_policy="fixed", max_draft_len=7, dtype=dtype, max_batch_size=4)
+    llm = LLM(target=t, draft=d, draft_len_policy="fixed", max_draft_len=7, dtype=dtype, max_batch_size=4,
+              draft_weights="auto")
     prop = llm.engine.proposer
     drafter = prop.drafter
     assert prop.scratch is not None and all(layer.fusable for layer in drafter.layers)

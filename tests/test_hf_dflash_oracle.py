@@ -84,7 +84,8 @@ def run_transformers(target_dir, draft_dir, prompt, max_new):
 
 def compare(target_dir, draft_dir, prompt, max_new):
     hf_tokens, hf_drafts, hf_accepted = run_transformers(target_dir, draft_dir, prompt, max_new)
-    llm = LLM(target=target_dir, draft=draft_dir, draft_len_policy="fixed", draft_vocab=False, trace=True)
+    llm = LLM(target=target_dir, draft=draft_dir, draft_len_policy="fixed", draft_vocab=False, trace=True,
+              draft_weights="auto")
     out = llm.generate([prompt], SamplingParams(max_tokens=max_new, ignore_eos=True))[0]
     assert out.token_ids == hf_tokens[:max_new]
     block = llm.engine.drafter.block_size

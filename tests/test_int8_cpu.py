@@ -131,6 +131,21 @@ def test_int8_engine_dflash_equals_its_ar(pair, mode, dtype):
     assert 0 < (l8 - l32).abs().max() < 0.05 * l32.abs().max()
 
 
+def test_a_target_kept_as_loaded_drafts_in_w8a8_where_integer_dots_run(pair, monkeypatch):
+    from dflash_trt import int8_weights
+
+    t, d = pair
+    for vnni in (True, False):
+        monkeypatch.setattr(bi, "int8_dots_pay", lambda: vnni)
+        assert int8_weights.draft_weights_for("auto", None) == ("w8a8" if vnni else "auto")
+        drafter = LLM(target=t, draft=d, max_batch_size=1).engine.drafter
+        assert drafter.layers[0].mlp.down_proj.packed.dtype == (torch.int32 if vnni else torch.float32)
+    # anything said wins: the target's weights, then draft_weights
+    assert int8_weights.draft_weights_for("int8", None) == "int8"
+    assert int8_weights.draft_weights_for("auto", "auto") == "auto"
+    assert int8_weights.draft_weights_for("bf16", "fp8") == "fp8"
+
+
 def test_bf16_and_fp8_weights_pack_their_panels(pair):
     t, _ = pair
     for mode, dtype in (("bf16", torch.bfloat16), ("fp8", torch.uint8)):

@@ -42,10 +42,10 @@ def test_step_bytes_are_what_the_kernels_read(tmp_path, weights, width, scales):
 
     t = tiny.make_target(str(tmp_path / "t"), layers=2, tied=True)
     d = tiny.make_drafter(str(tmp_path / "d"), t)
-    e = LLM(target=t, draft=d, max_batch_size=1, max_seq_len=64, weights=weights).engine
+    e = LLM(target=t, draft=d, max_batch_size=1, max_seq_len=64, weights=weights, draft_weights=weights).engine
     head = 128 * 64 * width + (128 * 4 if scales else 0)
     assert membw.target_step_bytes(e.target) == _expected(t, width, scales)
-    # the drafter's own layers follow `weights` (draft_weights' default), and it drafts with the target's head
+    # the drafter's own layers packed as the target's, and it drafts with the target's head
     drafter_own = _expected(d, width, scales)
     assert membw.drafter_step_bytes(e.proposer.drafter, e.target) == drafter_own + head
     macs = sum(x.numel() for x in load_file(os.path.join(t, "model.safetensors")).values() if x.dim() == 2)

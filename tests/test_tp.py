@@ -61,7 +61,8 @@ def test_tp2_equals_tp1_batched(tp_pairs, name):
                                                                                        seed=i)))
                     for i in range(len(ps))]
     engine = dict(max_draft_len=7, max_batch_size=4, max_num_tokens=48,  # batched, chunked, queued
-                  draft_len_policy="fixed")  # every step drafts: the traces compare real drafts
+                  draft_len_policy="fixed",  # every step drafts: the traces compare real drafts
+                  draft_weights="auto")  # a sharded drafter keeps its checkpoint's weights; so does the reference
     got = run_mpi(root, {"target": t, "draft": d, "prompts": ps, "sampling": sampling, "engine": engine})
     ref_llm = LLM(target=t, draft=d, trace=True, **engine)
     ref = ref_llm.generate(ps, [SamplingParams(**s) for s in sampling])

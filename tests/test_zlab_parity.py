@@ -51,7 +51,7 @@ def check_against_reference(t, d, prompt, max_new=48):
     block_size = DraftConfig.from_dir(d).block_size
     ref_tokens, ref_logits, ref_acc = run_reference(t, d, prompt, max_new)
 
-    llm = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True)
+    llm = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True, draft_weights="auto")
     out = llm.generate([prompt], SamplingParams(max_tokens=max_new, ignore_eos=True))[0]
     assert out.token_ids == ref_tokens[:max_new]
     # near max_tokens both sides shorten the block differently: compare the full-block steps
@@ -74,7 +74,7 @@ def first_draft_logits(t, d, prompt):
     """Our drafter's logits for the first block after the prompt's prefill."""
     from dflash_trt.scheduler import Scheduled
 
-    eng = LLM(target=t, draft=d, draft_len_policy="fixed").engine
+    eng = LLM(target=t, draft=d, draft_len_policy="fixed", draft_weights="auto").engine
     block_size = eng.drafter.block_size
     seq = eng.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True))
     eng.step()  # prefill: context cache filled, first token sampled

@@ -65,7 +65,8 @@ def add_load_args(p) -> None:
                    "loads; default) | bf16 | int8 | w8a8 | fp8 (per-channel, quantised at load, 1 byte per weight; "
                    "w8a8 also quantises activations per row for integer dot products; the drafter keeps its own)")
     p.add_argument("--draft-weights", metavar="FORMAT", help="the drafter's own linears and draft head on CPU, "
-                   "as --weights (default: what --weights says; auto: the checkpoint's)")
+                   "as --weights (default: what --weights says, and w8a8 where --weights is auto and the CPU has "
+                   "integer dot products; auto: the checkpoint's)")
     p.add_argument("--verify-files", choices=("sha256", "size", "none"), default="sha256", help="before loading: "
                    "sha256 (default): an engine directory's target/ and draft/ files against engine.json, and "
                    "every weights file's size against its header; size: the sizes only; none: nothing (trusted "
