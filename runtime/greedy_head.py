@@ -36,9 +36,10 @@ CHUNKS = 8  # K chunks of the screen's per-row x scales (finer chunks: smaller s
 OUTLIERS = 16  # dimensions multiplied in fp32 beside the codes
 ARM_ROWS = 64  # rows seen (through the full head) before the outlier dimensions are chosen
 MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
-# rows per call up to which the screen is used: past them the W8A8 pass turns compute-bound and gains nothing on a
-# head of bf16 k-pair panels (vdpbf16ps); panels multiplied with fp32 FMAs cost more per row, so it pays longer
-SCREEN_ROWS = {"pairs": 4, "fma": 8}
+# rows per call up to which the screen is used: past them the W8A8 pass and the bounds cost what the full head does
+# (bf16 k-pair head of SmolLM2, cold: 8 rows 1.77 against 2.11 ms, 16 rows 3.15 against 3.22, 32 rows 7.6 against
+# 6.2; a head multiplied with fp32 FMAs: 8 rows 1.9 against 2.7)
+SCREEN_ROWS = 8
 
 
 class GreedyHead:
@@ -55,7 +56,7 @@ class GreedyHead:
         kind = packed.data.dtype
         self.packed = packed
         self.pairs = kind == torch.int16  # bf16 k-pair panels: the kernel rounds x to bf16
-        self.max_rows = SCREEN_ROWS["pairs" if self.pairs else "fma"]
+        self.max_rows = SCREEN_ROWS
         # the values the head multiplies
         self.w = weight.detach().to(torch.bfloat16 if kind != torch.float32 else torch.float32)
         self.V, self.K = self.w.shape

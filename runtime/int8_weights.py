@@ -19,8 +19,9 @@ its head (lm_head, or the tied embedding matrix as a head) are packed again:
 The 8-bit W8A16 ones sum over the codes and scale each K chunk's sum once (the dequantised weight to fp32
 rounding, without a multiply per weight), and all of them are batch-invariant (a row's result never depends
 on the other rows, their number or the threads), so greedy DFlash stays token-identical to AR at the same setting; the logits move by the format's rounding of the weights (what
-it costs: benchmarks/quantized_agreement.py --weights). Embeddings looked up by token, norms and the drafter's
-own layers keep the checkpoint's values (the drafter shares the target's head, as always). Linears a kept FP8
+it costs: benchmarks/quantized_agreement.py --weights). Embeddings looked up by token and norms keep the
+checkpoint's values; the drafter's own linears and draft-vocabulary head are packed as `draft_weights_for`
+says (it shares the target's head otherwise, as always). Linears a kept FP8
 checkpoint already holds in FP8 stay as they are. Under tensor parallelism only "bf16" applies: a row-parallel
 shard's rows are slices, and per-row scales of slices would differ from the unsharded model's.
 """
