@@ -202,11 +202,7 @@ def bf16_pairs_pay() -> bool:
     multiply-adds of an fp32 FMA per cycle (AVX512-BF16 without AMX: AMD Zen 4 and later). On AMX Xeons it
     runs at the FMA rate and the k-pair kernel measured 1.5-1.8x slower at 8 rows. Both are batch-invariant;
     the choice only sets which bits a bf16 model gets on this machine."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return "avx512_bf16" in flags and "amx_bf16" not in flags
 
 
@@ -214,12 +210,18 @@ def bf16_pairs_pay() -> bool:
 def int8_dots_pay() -> bool:
     """Whether W8A8 runs on integer dot products here (AVX-512 VNNI or AMX-INT8): 64 multiply-adds per
     instruction, twice vdpbf16ps and four times an fp32 FMA, so a pass of several rows costs half a bf16 one."""
+    flags = _cpu_flags()
+    return "avx512_vnni" in flags or "amx_int8" in flags
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset:
+    """The CPU's feature flags as Linux lists them (empty where /proc/cpuinfo cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return "avx512_vnni" in flags or "amx_int8" in flags
+        return frozenset()
 
 
 def pack_linear_bf16_pairs(weight: torch.Tensor) -> PackedLinear:
