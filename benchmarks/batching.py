@@ -2,6 +2,7 @@
 
     python benchmarks/batching.py [--target DIR --draft DIR] [--concurrency 1,4,16,32] [--max-tokens 64]
         [--dataset humaneval|mtbench] [--fixed-too] [--linear-too] [--ready-too] [--dtype float32|bfloat16]
+        [--draft-weights-too FORMAT]
 
 A closed loop keeps `concurrency` requests in flight over the prompt set (default: the embedded pair and short
 coding requests decoded to max_tokens; --dataset: that benchmark's prompts, each ending at EOS or max_tokens).
@@ -9,7 +10,8 @@ Every level runs --num-requests requests (at least one per slot). With only two 
 ones happen to line up weighs as much as the steady state the figure is for: AR's requests, all of one length,
 finish together, while DFlash's drift apart and leave a tail of part-full steps.
 The AR and the DFlash engine (and with --fixed-too a DFlash engine drafting the full K every step, as
-TensorRT-LLM does; with --ready-too one that never drafts, what being ready to draft costs) run side by side,
+TensorRT-LLM does; with --ready-too one that never drafts, what being ready to draft costs; with
+--draft-weights-too FORMAT one whose drafter is packed as FORMAT, e.g. auto: as loaded) run side by side,
 one iteration each in turn, each timed by its own clock (the sum of its iteration times): on a shared, noisy
 machine all see the same conditions, so their ratios are fair.
 """
@@ -79,6 +81,8 @@ def main():
     ap.add_argument("--ready-too", action="store_true",
                     help="also run a DFlash engine that never drafts (draft_len_schedule {1: 0}): the cost of "
                          "capturing features and keeping the drafter's context")
+    ap.add_argument("--draft-weights-too", metavar="FORMAT",
+                    help="also run DFlash with the drafter packed as FORMAT (draft_weights: auto keeps the checkpoint's)")
     ap.add_argument("--dataset", default=None, help="humaneval or mtbench prompts (chat template, stop at EOS)")
     ap.add_argument("--dtype", default="float32", help="weights and activations of both engines: float32 or bfloat16")
     args = ap.parse_args()
@@ -101,6 +105,9 @@ def main():
         engines["fixed K"] = LLM(draft=args.draft, speculative=True, draft_len_policy="fixed", **common)
     if args.ready_too:
         engines["K=0"] = LLM(draft=args.draft, speculative=True, draft_len_schedule={1: 0}, **common)
+    if args.draft_weights_too:
+        engines[f"draft {args.draft_weights_too}"] = LLM(draft=args.draft, speculative=True, draft_len_policy=args.policy,
+                                                         draft_weights=args.draft_weights_too, **common)
     c = engines["DFlash"].engine.policy.costs
     if args.linear_too:  # the same measured figures, less the curves
         engines["linear"] = LLM(draft=args.draft, speculative=True, **common,
