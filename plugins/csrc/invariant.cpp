@@ -1404,9 +1404,19 @@ BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
 
 // One output vector from its chunks' partials t[0..nch): the pairwise tree, + bias, stored at (row, col).
 BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, int64_t row, int64_t col, int nv) {
-  for (int st = 1; st < nch; st *= 2)  // level st adds chunk c+st into chunk c (c multiple of 2 st)
-    for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
-  V16 o = t[0];
+  // level st adds chunk c+st into chunk c (c multiple of 2 st); the chunk counts bi_linear allows spelled out, so
+  // the sums stay in registers (the loop kept them on the stack, each add waiting on the store before it)
+  V16 o;
+  switch (nch) {
+    case 1: o = t[0]; break;
+    case 2: o = vadd(t[0], t[1]); break;
+    case 4: o = vadd(vadd(t[0], t[1]), vadd(t[2], t[3])); break;
+    case 8: o = vadd(vadd(vadd(t[0], t[1]), vadd(t[2], t[3])), vadd(vadd(t[4], t[5]), vadd(t[6], t[7]))); break;
+    default:
+      for (int st = 1; st < nch; st *= 2)
+        for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
+      o = t[0];
+  }
   if (p.bias) o = vadd(o, bias);
   if (p.yt == bi::BF16)
     st_n<true>(p.y, row * p.ldy + col, o, nv);
