@@ -82,7 +82,7 @@ def main():
                     help="also run a DFlash engine that never drafts (draft_len_schedule {1: 0}): the cost of "
                          "capturing features and keeping the drafter's context")
     ap.add_argument("--draft-weights-too", metavar="FORMAT",
-                    help="also run DFlash with the drafter packed as FORMAT (draft_weights: auto keeps the checkpoint's)")
+                    help="also run DFlash with the drafter packed as FORMAT (draft_weights; auto: the checkpoint's)")
     ap.add_argument("--dataset", default=None, help="humaneval or mtbench prompts (chat template, stop at EOS)")
     ap.add_argument("--dtype", default="float32", help="weights and activations of both engines: float32 or bfloat16")
     args = ap.parse_args()
@@ -106,8 +106,9 @@ def main():
     if args.ready_too:
         engines["K=0"] = LLM(draft=args.draft, speculative=True, draft_len_schedule={1: 0}, **common)
     if args.draft_weights_too:
-        engines[f"draft {args.draft_weights_too}"] = LLM(draft=args.draft, speculative=True, draft_len_policy=args.policy,
-                                                         draft_weights=args.draft_weights_too, **common)
+        engines[f"draft {args.draft_weights_too}"] = LLM(
+            draft=args.draft, speculative=True, draft_len_policy=args.policy, draft_weights=args.draft_weights_too,
+            **common)
     c = engines["DFlash"].engine.policy.costs
     if args.linear_too:  # the same measured figures, less the curves
         engines["linear"] = LLM(draft=args.draft, speculative=True, **common,

@@ -37,8 +37,7 @@ OUTLIERS = 16  # dimensions multiplied in fp32 beside the codes
 ARM_ROWS = 64  # rows seen (through the full head) before the outlier dimensions are chosen
 MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
 # rows per call up to which the screen is used: past them the W8A8 pass and the bounds cost what the full head does
-# (bf16 k-pair head of SmolLM2, cold: 8 rows 1.77 against 2.11 ms, 16 rows 3.15 against 3.22, 32 rows 7.6 against
-# 6.2; a head multiplied with fp32 FMAs: 8 rows 1.9 against 2.7)
+# (a bf16 k-pair head ties at 16 rows and wins at 32; docs/cpu_performance.md)
 SCREEN_ROWS = 8
 
 

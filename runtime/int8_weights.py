@@ -112,9 +112,9 @@ def _repack_linears(model, pack, keep=None) -> int:
 def draft_weights_for(weights: str, draft_weights: str | None) -> str:
     """The drafter's packing: as given; else the target's `weights`, except that a target kept as loaded ("auto")
     drafts in W8A8 where the CPU has integer dot products. A drafter pass is several rows per request, where the
-    kernels are compute-bound and W8A8 runs at twice the bf16 rate: on the embedded pair (bf16) the pass costs
-    0.26 instead of 0.32 target steps at one request and 0.37 instead of 0.51 at four. Its drafts move with the
-    rounding (1-2% fewer tokens per step at K = 7); the output never does."""
+    kernels are compute-bound and W8A8 runs at twice the bf16 rate (docs/cpu_performance.md, session 21). Its
+    drafts move with the rounding (1-2% fewer tokens per step at K = 7 on the embedded pair); the output never
+    does."""
     if draft_weights is not None:
         return draft_weights
     if weights != "auto":

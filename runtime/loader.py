@@ -261,7 +261,6 @@ def prepare_for_device(target, drafter, paths: ModelPaths, cfg, sharded: bool = 
 
     draft_mode = draft_weights_for(cfg.weights, cfg.draft_weights)
     if drafter is not None and draft_mode != "auto" and target.head_packed is not None and not sharded:
-
         stage(f"packed {repack_drafter(drafter, draft_mode)} drafter linears as {draft_mode} weights")
     if not sharded and getattr(target, "head_packed", None) is not None:
         target.prepare_greedy_head()  # the greedy head screen's codes and norms (greedy_head.py), made now

@@ -94,7 +94,7 @@ def our_first_block(t, d, prompt):
     """Our engine's draft rows' hidden states for the first block after the prompt (z-lab's `draft_hidden`)."""
     from dflash_trt.scheduler import Scheduled
 
-    eng = LLM(target=t, draft=d, draft_len_policy="fixed").engine
+    eng = LLM(target=t, draft=d, draft_len_policy="fixed", draft_weights="auto").engine  # the drafter as loaded
     b = eng.drafter.block_size
     seq = eng.add_request(prompt, SamplingParams(max_tokens=2, ignore_eos=True))
     eng.step()
@@ -107,7 +107,7 @@ def our_first_block(t, d, prompt):
 
 def check_against_reference(t, d, prompt, max_new=40):
     ref_tokens, calls, ref_acc, ref_draft = run_reference(t, d, prompt, max_new)
-    llm = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True)
+    llm = LLM(target=t, draft=d, draft_len_policy="fixed", trace=True, draft_weights="auto")
     assert type(llm.engine.proposer).__name__ == "DFlash2Proposer"
     out = llm.generate([prompt], SamplingParams(max_tokens=max_new, ignore_eos=True))[0]
     assert out.token_ids == ref_tokens[:max_new]

@@ -1404,8 +1404,8 @@ BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
 
 // One output vector from its chunks' partials t[0..nch): the pairwise tree, + bias, stored at (row, col).
 BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, int64_t row, int64_t col, int nv) {
-  // level st adds chunk c+st into chunk c (c multiple of 2 st); the chunk counts bi_linear allows spelled out, so
-  // the sums stay in registers (the loop kept them on the stack, each add waiting on the store before it)
+  // level st adds chunk c+st into chunk c (c multiple of 2 st); the chunk counts bi_linear allows are spelled out
+  // so the sums stay in registers (a loop over a runtime count keeps them on the stack)
   V16 o;
   switch (nch) {
     case 1: o = t[0]; break;
