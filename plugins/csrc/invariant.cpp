@@ -1886,7 +1886,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   const int nch = p.nchunks;
   const int64_t pstride = (p.K / 4) * 32;  // int32 per panel
   const int64_t cs = (int64_t)MRQ * NPQ * 32;
-  thread_local std::vector<int32_t> ib, xcb;
+  thread_local std::vector<int32_t> ib;
   if ((int64_t)ib.size() < nch * cs) ib.resize(nch * cs);
   int32_t* const ibp = ib.data();  // hoisted: a thread_local's address is a call away
   const int32_t* w0 = (const int32_t*)p.w;
@@ -1944,6 +1944,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   // re-read the weights from memory once per 12 rows)
   const int32_t* xc = nullptr;
 #if BI_KERNEL_PASS == 1
+  thread_local std::vector<int32_t> xcb;
   if ((int64_t)xcb.size() < nch * rows) xcb.resize(nch * rows);
   for (int c = 0; c < nch; ++c)
     for (int64_t m = 0; m < rows; ++m) xcb[c * rows + m] = xs_corr(p.xq + (m0 + m) * p.ldq + c * cl, cl);
