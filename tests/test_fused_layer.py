@@ -74,8 +74,16 @@ def mixed_batch(cfg, dtype, page=4):
     return ids, pos, caches, AttentionBatch.build(rows, page, "cpu")
 
 
-def forward(target, ids, pos, caches, batch):
-    caches = copy.deepcopy(caches)
+def forward(target, ids, pos, caches, batch, work=None):
+    """work: a list of cache tensors to run in (the contents of `caches` copied in), the same list object on every
+    call as an engine's, so what a model keeps per cache list (its one-op stack state) is reused."""
+    if work is None:
+        caches = copy.deepcopy(caches)
+    else:
+        for (k, v), (wk, wv) in zip(caches, work):
+            wk.copy_(k)
+            wv.copy_(v)
+        caches = work
     with torch.no_grad():
         h, feats = target(ids, pos, caches, batch, capture=True)
     return h, feats, caches
@@ -91,7 +99,7 @@ def assert_same(a, b, what):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["qwen3", "llama_bias"])
-def test_fused_layer_and_projections_are_bitwise_the_op_by_op_path(targets, name, dtype):
+def test_fused_layer_and_projections_are_bitwise_the_op_by_op_path(targets, name, dtype, monkeypatch):
     plain, fused = load(targets[name], dtype, False), load(targets[name], dtype, True)
     ids, pos, caches, batch = mixed_batch(plain.cfg, dtype)
     ref = forward(plain, ids, pos, caches, batch)
@@ -106,9 +114,21 @@ def test_fused_layer_and_projections_are_bitwise_the_op_by_op_path(targets, name
     assert_same(forward(fused, ids, pos, caches, batch), ref, "fused layer op")
     del fused._fused_stack
 
+    from dflash_trt.plugins import layer as fused_op
+
+    stacks, run_stack = [], fused_op.run_stack
+
+    def counted(*a):
+        stacks.append(1)
+        return run_stack(*a)
+
+    monkeypatch.setattr(fused_op, "run_stack", counted)
+    work = copy.deepcopy(caches)  # one cache list from here on, as an engine's: the model keeps its stack for it
+    assert_same(forward(fused, ids, pos, caches, batch, work), ref, "fused layer stack, kept")
     for l in layers:  # the fused projections alone, through the Python modules
         l.fusable = False
-    assert_same(forward(fused, ids, pos, caches, batch), ref, "fused projections")
+    assert_same(forward(fused, ids, pos, caches, batch, work), ref, "fused projections")
+    assert stacks == [1], "a layer marked not fusable still ran in the kept stack op"
 
 
 def test_replaced_member_weights_are_noticed(targets):
@@ -118,7 +138,8 @@ def test_replaced_member_weights_are_noticed(targets):
 
     plain, fused = load(targets["qwen3"], torch.float32, False), load(targets["qwen3"], torch.float32, True)
     ids, pos, caches, batch = mixed_batch(plain.cfg, torch.float32)
-    forward(fused, ids, pos, caches, batch)  # the layers' one-op states are built and cached first
+    work = copy.deepcopy(caches)  # one cache list throughout, as an engine's
+    forward(fused, ids, pos, caches, batch, work)  # the layers' one-op states are built and cached first
     assert all(l._fused is not None for l in fused.model.layers)
     for model in (plain, fused):
         with torch.no_grad():
@@ -127,7 +148,8 @@ def test_replaced_member_weights_are_noticed(targets):
                     m.weight.mul_(0.5)
                     m.packed = invariant.pack_linear(m.weight.data)
     ids, pos, caches, batch = mixed_batch(plain.cfg, torch.float32)
-    assert_same(forward(fused, ids, pos, caches, batch), forward(plain, ids, pos, caches, batch), "re-packed")
+    got = forward(fused, ids, pos, caches, batch, work)
+    assert_same(got, forward(plain, ids, pos, caches, batch), "re-packed")
 
 
 def test_rope_with_fma_would_be_caught(targets):

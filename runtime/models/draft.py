@@ -18,7 +18,7 @@ from ..errors import CheckpointError
 from ..rope import RotaryTable, apply_rope
 from .. import ops
 from ..attention import AttentionBatch
-from .target import MLP, Linear, RMSNorm, cached_stack, fuse_layer, fused_layer_state
+from .target import MLP, FusableLayer, Linear, RMSNorm, fuse_layer, stack_state
 
 
 @dataclass
@@ -89,14 +89,13 @@ class DraftAttention(nn.Module):
         return self.o_proj(out.reshape(t, -1))
 
 
-class DraftLayer(nn.Module):
+class DraftLayer(FusableLayer):
     def __init__(self, cfg: DraftConfig, window: int | None):
         super().__init__()
         self.self_attn = DraftAttention(cfg, window)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.fusable = False  # set by DFlashDrafter.fuse
         self._fused = None  # (its sources, plugins/layer.py state): target.fused_layer_state
 
     def forward(self, x, cos, sin, cache, slices, positions):
@@ -177,11 +176,9 @@ class DFlashDrafter(nn.Module):
 
     def _fused_stack(self, x, cos, caches, scratch):
         """The fused_decoder_stack state when the pass can run as one op, else None."""
-        if (scratch is None or x.dim() != 2 or x.shape[0] > scratch.numel() or not ops._use_bi(x)
-                or not all(layer.fusable for layer in self.layers)):
+        if scratch is None or x.dim() != 2 or x.shape[0] > scratch.numel() or not ops._use_bi(x):
             return None
-        states = [fused_layer_state(layer, x, cos, cache) for layer, cache in zip(self.layers, caches)]
-        return None if any(s is None for s in states) else cached_stack(self, states)
+        return stack_state(self, self.layers, x, cos, caches)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
         """head: the target's output head (TargetModel.logits)."""

@@ -16,9 +16,19 @@ from ..greedy_head import GreedyHead
 from ..rope import RotaryTable, apply_rope
 
 
-# Bumped by every write of a Linear's packed or fp8 weight, so a layer's cached one-op state (built from them)
-# is checked with one comparison per call instead of walking its modules.
+# Bumped by every write of a Linear's packed or fp8 weight and of a layer's `fusable` flag, so a layer's cached
+# one-op state (built from them) is checked with one comparison per call instead of walking its modules.
 _WEIGHTS_EPOCH = [0]
+
+
+class FusableLayer(nn.Module):
+    """A decoder layer the C++ layer op may run (`fusable`, set by fuse_layer; False: the modules run)."""
+    fusable = property(lambda self: self.__dict__.get("_fusable", False))
+
+    @fusable.setter
+    def fusable(self, value):
+        self.__dict__["_fusable"] = value
+        _WEIGHTS_EPOCH[0] += 1
 
 
 class Linear(nn.Module):
@@ -165,14 +175,13 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(t, -1))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(FusableLayer):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.fusable = False  # set by fuse_projections on exactly this dense layer
         self._fused = None  # (the sources it was built from, plugins/layer.py state)
 
     def forward(self, x, cos, sin, kv_cache, batch):
@@ -232,6 +241,21 @@ def fused_layer_state(layer, x, cos, kv_cache):
 
 
 _CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def stack_state(owner, layers, x: torch.Tensor, cos: torch.Tensor, caches, fusable=lambda layer: layer.fusable):
+    """The fused_decoder_stack state of `layers` for a call like this one, or None when a layer cannot run as the
+    C++ layer op. Every input of that verdict (the weights' epoch, which fusing bumps too, the dtypes, the
+    caches) is compared first, so a step walks the layers only after one of them changed."""
+    key = (_WEIGHTS_EPOCH[0], x.dtype, cos.dtype, caches[0][0].dtype if caches else None)
+    memo = getattr(owner, "_stack_memo", None)
+    if memo is not None and memo[0] == key and memo[1] is caches and memo[2] is layers:
+        return memo[3]
+    states = [fused_layer_state(layer, x, cos, cache) if fusable(layer) else None
+              for layer, cache in zip(layers, caches)]
+    stack = None if not states or any(s is None for s in states) else cached_stack(owner, states)
+    owner._stack_memo = (key, caches, layers, stack)
+    return stack
 
 
 def cached_stack(owner, states: list):
@@ -365,14 +389,10 @@ class TargetModel(nn.Module):
 
     def _fused_stack(self, x, cos, kv_caches, batch):
         """The fused_decoder_stack state when every layer can run as the C++ layer op, else None."""
-        layers = self.model.layers
-        if (not layers or batch.kernel_args is None or x.dim() != 2 or not ops._use_bi(x)
-                or not all(type(layer) is DecoderLayer and layer.fusable for layer in layers)):
+        if batch.kernel_args is None or x.dim() != 2 or not ops._use_bi(x):
             return None
-        states = [fused_layer_state(layer, x, cos, kv_caches[i]) for i, layer in enumerate(layers)]
-        if any(s is None for s in states):
-            return None
-        return cached_stack(self, states)
+        return stack_state(self, self.model.layers, x, cos, kv_caches,
+                           lambda layer: type(layer) is DecoderLayer and layer.fusable)
 
     def finish(self, x: torch.Tensor, captured: dict, capture: bool):
         """Final norm, and the captured layer outputs concatenated in the drafter config's order (duplicates
