@@ -127,9 +127,13 @@ class LayerState:
     args: tuple  # what built it: (tensors, ints, floats), for a FusedStack of several layers
 
 
-def make_stack(states: list[LayerState]):
-    """Consecutive layers' states as one fused_decoder_stack state."""
-    return torch.classes.dflash_trt.FusedStack(*[sum((list(s.args[j]) for s in states), []) for j in range(3)])
+def make_stack(states: list[LayerState], final_norm: torch.Tensor | None = None, eps: float = 0.0):
+    """Consecutive layers' states as one fused_decoder_stack state; final_norm: the weight of an RMSNorm the op
+    applies after the last layer (the model's own, with its eps)."""
+    stack = torch.classes.dflash_trt.FusedStack(*[sum((list(s.args[j]) for s in states), []) for j in range(3)])
+    if final_norm is not None:
+        stack.set_final_norm(final_norm, float(eps))
+    return stack
 
 
 def run(state: LayerState, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache, batch) -> torch.Tensor:
@@ -141,7 +145,9 @@ def run(state: LayerState, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 
 def run_stack(stack, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches, batch,
               capture: list[int]) -> list[torch.Tensor]:
-    """Every layer of a make_stack state in one op: [the last output, then the output of each layer in capture]."""
+    """Every layer of a make_stack state in one op: [the last output (after the stack's final norm, if it has
+    one), then, when capture is not empty, the outputs of the layers in capture side by side (the last layer's
+    after the final norm)]."""
     a = batch.kernel_args
     return _state["stack"](stack, x, cos, sin, [c[0] for c in kv_caches], [c[1] for c in kv_caches],
                            batch.slot_mapping, a[0], a[1], a[2], a[3], a[4], capture)

@@ -57,7 +57,8 @@ def load(tdir, dtype, fuse: bool):
     else:  # what pack did before projections were fused
         pack_linears(target)
         target.head_packed = ops.pack(target.head_weight.data)
-    target.capture_ids = [0, 1]
+    # the last layer's features are its normed output (TargetModel.finish); order and duplicates as configured
+    target.capture_ids = [1, 0, len(target.model.layers) - 1, 1]
     return target
 
 

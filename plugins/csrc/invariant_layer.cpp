@@ -275,6 +275,8 @@ static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, cons
 // the per-layer op's.
 struct FusedStack : torch::CustomClassHolder {
   std::vector<c10::intrusive_ptr<FusedLayer>> layers;
+  Tensor final_norm;  // the model's final RMSNorm after the last layer (empty: none)
+  double final_eps = 0;
   // every layer's FusedLayer arguments, one after another (16 tensors, 14 ints, 3 floats each)
   FusedStack(std::vector<Tensor> t, std::vector<int64_t> i, std::vector<double> f) {
     const size_t n = f.size() / 3;
@@ -286,9 +288,17 @@ struct FusedStack : torch::CustomClassHolder {
           std::vector<int64_t>(i.begin() + 14 * l, i.begin() + 14 * (l + 1)),
           std::vector<double>(f.begin() + 3 * l, f.begin() + 3 * (l + 1))));
   }
+  void set_final_norm(Tensor weight, double eps) {
+    final_norm = weight;
+    final_eps = eps;
+  }
 };
 
-// out[0]: the last layer's output; out[1 + j]: the output of layer capture[j]
+// out[0]: the last layer's output, after the final norm where the stack has one; out[1] (when capture is not
+// empty): the outputs of layers capture[0], capture[1], ... side by side, the last layer's taken after the final
+// norm (the drafter's features: transformers' hidden_states give the normed output for the last layer). The
+// norm and the features are made here, while the last layer's rows are still in this core's cache: as the first
+// Python ops after a pass that streamed every weight, they cost more than the work they do.
 static std::vector<Tensor> fused_decoder_stack(const c10::intrusive_ptr<FusedStack>& st, const Tensor& x,
                                                const Tensor& cos, const Tensor& sin, at::TensorList k_caches,
                                                at::TensorList v_caches, const Tensor& slot_mapping,
@@ -300,15 +310,17 @@ static std::vector<Tensor> fused_decoder_stack(const c10::intrusive_ptr<FusedSta
   TORCH_CHECK((int64_t)k_caches.size() == n && (int64_t)v_caches.size() == n,
               "fused_decoder_stack: one K and one V cache per layer");
   for (int64_t c : capture) TORCH_CHECK(c >= 0 && c < n, "fused_decoder_stack: capture layer ", c, " out of range");
-  std::vector<Tensor> out(1 + capture.size());
+  std::vector<Tensor> kept(capture.size());
   Tensor h = x;
   for (int64_t l = 0; l < n; ++l) {
     h = run_layer(*layers[l], h, cos, sin, k_caches[l], v_caches[l], slot_mapping, q_start, q_len, kv_len,
                   kv_slots, kv_offsets);
+    if (l == n - 1 && st->final_norm.defined()) h = H().rms_norm.call(h, st->final_norm, st->final_eps);
     for (size_t j = 0; j < capture.size(); ++j)
-      if (capture[j] == l) out[1 + j] = h;
+      if (capture[j] == l) kept[j] = h;
   }
-  out[0] = h;
+  std::vector<Tensor> out{h};
+  if (!kept.empty()) out.push_back(at::cat(kept, -1));
   return out;
 }
 
@@ -318,7 +330,8 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.class_<fl::FusedLayer>("FusedLayer")
       .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>());
   m.class_<fl::FusedStack>("FusedStack")
-      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>());
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<double>>())
+      .def("set_final_norm", &fl::FusedStack::set_final_norm);
   m.def("fused_decoder_stack(__torch__.torch.classes.dflash_trt.FusedStack stack, Tensor x, Tensor cos, "
         "Tensor sin, Tensor[] k_caches, Tensor[] v_caches, Tensor slot_mapping, Tensor q_start, Tensor q_len, "
         "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets, int[] capture) -> Tensor[]");

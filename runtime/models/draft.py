@@ -169,16 +169,17 @@ class DFlashDrafter(nn.Module):
         if stack is not None:
             from ..plugins import layer as fused
 
-            return self.norm(fused.run_stack(stack, x, cos, sin, caches, block_batch(slices, scratch), [])[0])
+            return fused.run_stack(stack, x, cos, sin, caches, block_batch(slices, scratch), [])[0]  # normed
         for layer, cache in zip(self.layers, caches):
             x = layer(x, cos, sin, cache, slices, positions)
         return self.norm(x)
 
     def _fused_stack(self, x, cos, caches, scratch):
         """The fused_decoder_stack state when the pass can run as one op, else None."""
-        if scratch is None or x.dim() != 2 or x.shape[0] > scratch.numel() or not ops._use_bi(x):
+        if (scratch is None or x.dim() != 2 or x.shape[0] > scratch.numel() or not ops._use_bi(x)
+                or type(self.norm) is not RMSNorm):
             return None
-        return stack_state(self, self.layers, x, cos, caches)
+        return stack_state(self, self.layers, x, cos, caches, self.norm)
 
     def logits(self, hidden: torch.Tensor, head) -> torch.Tensor:
         """head: the target's output head (TargetModel.logits)."""

@@ -243,31 +243,35 @@ def fused_layer_state(layer, x, cos, kv_cache):
 _CACHE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def stack_state(owner, layers, x: torch.Tensor, cos: torch.Tensor, caches, fusable=lambda layer: layer.fusable):
-    """The fused_decoder_stack state of `layers` for a call like this one, or None when a layer cannot run as the
-    C++ layer op. Every input of that verdict (the weights' epoch, which fusing bumps too, the dtypes, the
-    caches) is compared first, so a step walks the layers only after one of them changed."""
+def stack_state(owner, layers, x: torch.Tensor, cos: torch.Tensor, caches, norm: "RMSNorm",
+                fusable=lambda layer: layer.fusable):
+    """The fused_decoder_stack state of `layers` and the final `norm` after them for a call like this one, or
+    None when a layer cannot run as the C++ layer op. Every input of that verdict (the weights' epoch, which
+    fusing bumps too, the dtypes, the caches) is compared first, so a step walks the layers only after one of
+    them changed."""
     key = (_WEIGHTS_EPOCH[0], x.dtype, cos.dtype, caches[0][0].dtype if caches else None)
     memo = getattr(owner, "_stack_memo", None)
-    if memo is not None and memo[0] == key and memo[1] is caches and memo[2] is layers:
-        return memo[3]
+    if memo is not None and memo[0] == key and memo[1] is caches and memo[2] is layers and memo[3] is norm.weight:
+        return memo[4]
     states = [fused_layer_state(layer, x, cos, cache) if fusable(layer) else None
               for layer, cache in zip(layers, caches)]
-    stack = None if not states or any(s is None for s in states) else cached_stack(owner, states)
-    owner._stack_memo = (key, caches, layers, stack)
+    stack = None if not states or any(s is None for s in states) else cached_stack(owner, states, norm)
+    owner._stack_memo = (key, caches, layers, norm.weight, stack)
     return stack
 
 
-def cached_stack(owner, states: list):
-    """The fused_decoder_stack state of these layer states, kept on `owner` and rebuilt whenever a layer's
-    state is."""
-    # (the layer states it was built from, the stack state); families that skip TargetModel.__init__ have none
-    key, cached = getattr(owner, "_stack", ([], None))
-    if cached is None or len(key) != len(states) or any(a is not b for a, b in zip(key, states)):
+def cached_stack(owner, states: list, norm: "RMSNorm"):
+    """The fused_decoder_stack state of these layer states and final norm, kept on `owner` and rebuilt whenever
+    a layer's state or the norm's weight is."""
+    # (the layer states and norm weight it was built from, the stack state); families that skip
+    # TargetModel.__init__ have none
+    key, cached = getattr(owner, "_stack", (([], None), None))
+    if (cached is None or key[1] is not norm.weight or len(key[0]) != len(states)
+            or any(a is not b for a, b in zip(key[0], states))):
         from ..plugins import layer
 
-        cached = layer.make_stack(states)
-        owner._stack = (states, cached)
+        cached = layer.make_stack(states, norm.weight, norm.eps)
+        owner._stack = ((states, norm.weight), cached)
     return cached
 
 
@@ -372,15 +376,15 @@ class TargetModel(nn.Module):
     def forward(self, ids, positions, kv_caches, batch: AttentionBatch, capture: bool = False):
         x = self.embed(ids)
         cos, sin = self.rotary(positions, x.dtype)
-        captured = {}
-        want = set(self.capture_ids) if capture else ()
         stack = self._fused_stack(x, cos, kv_caches, batch)
         if stack is not None:  # every layer in one op: one crossing into C++ per step instead of one per layer
             from ..plugins import layer
 
-            keep = sorted(want)
-            out = layer.run_stack(stack, x, cos, sin, kv_caches, batch, keep)
-            return self.finish(out[0], dict(zip(keep, out[1:])), capture)
+            # the final norm and the captured features come out of the op too (as `finish` makes them)
+            out = layer.run_stack(stack, x, cos, sin, kv_caches, batch, self.capture_ids if capture else [])
+            return out[0], out[1] if capture else None
+        captured = {}
+        want = set(self.capture_ids) if capture else ()
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, kv_caches[i], batch)
             if i in want:
@@ -389,9 +393,9 @@ class TargetModel(nn.Module):
 
     def _fused_stack(self, x, cos, kv_caches, batch):
         """The fused_decoder_stack state when every layer can run as the C++ layer op, else None."""
-        if batch.kernel_args is None or x.dim() != 2 or not ops._use_bi(x):
+        if batch.kernel_args is None or x.dim() != 2 or not ops._use_bi(x) or type(self.model.norm) is not RMSNorm:
             return None
-        return stack_state(self, self.model.layers, x, cos, kv_caches,
+        return stack_state(self, self.model.layers, x, cos, kv_caches, self.model.norm,
                            lambda layer: type(layer) is DecoderLayer and layer.fusable)
 
     def finish(self, x: torch.Tensor, captured: dict, capture: bool):
