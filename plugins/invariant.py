@@ -249,6 +249,20 @@ def linear(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None = No
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.n)
 
 
+def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: PackedLinear, chunks: int,
+                wo: torch.Tensor, g: torch.Tensor, g_max: torch.Tensor, gap_rel: float, head: PackedLinear,
+                max_candidates: int) -> torch.Tensor:
+    """runtime/greedy_head.py's exact greedy screen in one op: each row's argmax token, or an empty tensor when
+    the caller must compute the logits."""
+    return _greedy_head()(x, pairs, out_idx, screen.data, screen.n, screen.scale, chunks, wo, g, g_max, gap_rel,
+                          head.data, max_candidates)
+
+
+def _greedy_head():
+    op = _ops().bi_greedy_head.default
+    return getattr(op, "_op", op)  # the C++ binding: the overload's __call__ first walks its arguments (tracing)
+
+
 def linear_partial(x: torch.Tensor, packed: PackedLinear, chunk_begin: int, chunk_end: int,
                    k_splits: int) -> torch.Tensor:
     """fp32 tree-sum of chunks [chunk_begin, chunk_end) of the k_splits chunks of K (a power-of-two count

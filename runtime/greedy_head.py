@@ -98,22 +98,9 @@ class GreedyHead:
     def tokens(self, x: torch.Tensor) -> torch.Tensor | None:
         if not self.armed:
             return None
-        xf = self._x(x).contiguous()
-        if not torch.isfinite(xf).all():
-            return None
-        xr = xf.clone()
-        xr[:, self.out_idx] = 0
-        xo = xf[:, self.out_idx].contiguous()
         # bf16 logits: a candidate's upper bound may fall short of the row's best lower bound by what rounding to
         # bf16 can close (2^-5 of it is two of bf16's steps even across a power of two)
         gap = 2.0 ** -5 if x.dtype == torch.bfloat16 else 0.0
-        ids = torch.ops.dflash_trt.bi_greedy_screen(bi.linear(xr, self.screen, None, self.chunks), self.wo, xr,
-                                                    xf, xo, self.g, self.g_max, self.chunks, gap)
-        if ids.numel() > MAX_CANDIDATES:
-            return None
-        # the candidates' exact logits: the head's own kernel on just the panels that hold them (a column's
-        # result depends on its own weights alone)
-        panels, where = torch.unique_consecutive(ids // bi.PANEL, return_inverse=True)  # ids ascend
-        sub = bi.PackedLinear(self.packed.data.index_select(0, panels), panels.numel() * bi.PANEL, self.packed.k)
-        exact = bi.linear(x, sub)[:, where * bi.PANEL + ids % bi.PANEL]
-        return ids[exact.float().argmax(1)]
+        ids = bi.greedy_head(x, self.pairs, self.out_idx, self.screen, self.chunks, self.wo, self.g, self.g_max, gap,
+                             self.packed, MAX_CANDIDATES)
+        return ids if ids.numel() else None

@@ -98,7 +98,7 @@ class Scheduler:
         for seq in list(self.running):
             if seq.in_prefill or seq not in self.running or budget < 1:
                 continue
-            kk = self.policy.draft_len(seq, k, len(decoding), self.cfg.max_seq_len) if self.policy else 0
+            kk = self.policy.draft_len(seq, k, len(decoding), self.cfg.max_seq_len) if k else 0
             kk = min(kk, budget - 1)
             need = seq.num_computed + kk + 1
             self.blocks.trim(seq)

@@ -270,3 +270,23 @@ def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
                 at.append((pol.iteration, k))
                 pol.observe(e, k, 0)
     assert at == [(64, 1), (128, 1), (192, 1)]
+
+
+def test_a_batch_where_no_k_pays_prices_no_request():
+    """Where no K pays at the batch size even if every draft were accepted, the iteration's K is 0 before any
+    request is priced (a loaded batch costs the policy nothing per request, and no request counts the iteration
+    as one it gave up); where some K could pay, or the policy is fixed, the schedule's K stands."""
+    from dflash_trt.sequence import Sequence
+    from dflash_trt.spec.config import SpecConfig
+    from dflash_trt.spec.policy import SpecPolicy
+
+    assert best_draft_len(1.0, 7, 16, BF16_1T, MARGIN) > 0 == best_draft_len(1.0, 7, 32, BF16_1T, MARGIN)
+    pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_1T)
+    assert pol.begin_iteration(16) == 7 and pol.begin_iteration(32) == 0
+    assert SpecPolicy(SpecConfig(draft_len_policy="fixed"), 7, "cpu", BF16_1T).begin_iteration(32) == 7
+    seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
+    pol.new_request(seq)
+    seq.acceptance.update(7, 0)  # hopeless so far: priced at batch 16, it stays at K = 0 and counts an idle step
+    idle = seq.acceptance.idle
+    assert pol.draft_len(seq, pol.begin_iteration(16), 16, 4096) == 0 and seq.acceptance.idle == idle + 1
+    assert pol.draft_len(seq, pol.begin_iteration(32), 32, 4096) == 0 and seq.acceptance.idle == idle + 1

@@ -827,6 +827,58 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
   return res;
 }
 
+// The whole greedy screen of runtime/greedy_head.py in one op: x (the head's input rows, the head's dtype) ->
+// each row's argmax token, exactly that of the full head (the screen's bound, then the candidates' logits from
+// the head's own kernel on just the panels that hold them, a column's result depending on its own weights
+// alone). pairs: the head is bf16 k-pair panels, whose kernel rounds x to bf16. An empty result: the caller
+// computes the logits (x not finite, or more than max_candidates candidates). One op, not a dozen small ones:
+// right after a pass that streamed every weight, each op's first touch of its code and data costs more than its
+// work.
+static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tensor& out_idx,
+                                 const at::Tensor& screen, int64_t screen_n, const at::Tensor& screen_scale,
+                                 int64_t chunks, const at::Tensor& wo, const at::Tensor& g, const at::Tensor& gm,
+                                 double gap_rel, const at::Tensor& head, int64_t max_candidates) {
+  TORCH_CHECK(x.dim() == 2 && out_idx.scalar_type() == at::kLong, "bi_greedy_head: x must be [M, K], out_idx int64");
+  constexpr int64_t PANEL = 32;  // output columns per packed panel (check_packed)
+  const at::Tensor none = at::empty({0}, at::kLong);
+  const at::Tensor xf = (pairs ? x.to(at::kBFloat16).to(at::kFloat) : x.to(at::kFloat)).contiguous();
+  const float* xv = xf.data_ptr<float>();
+  for (int64_t i = 0, n = xf.numel(); i < n; ++i)
+    if (!std::isfinite(xv[i])) return none;
+  at::Tensor xr = xf.clone();
+  xr.index_fill_(1, out_idx, 0.0);
+  const at::Tensor xo = xf.index_select(1, out_idx).contiguous();
+  const at::Tensor rest = bi_linear(xr, screen, screen_n, c10::nullopt, chunks, screen_scale);
+  const at::Tensor ids = bi_greedy_screen(rest, wo, xr, xf, xo, g, gm, chunks, gap_rel);
+  const int64_t nc = ids.numel();
+  if (nc > max_candidates) return none;
+  // the panels holding the candidates (ids ascend), and each candidate's column among them
+  const int64_t* id = ids.data_ptr<int64_t>();
+  std::vector<int64_t> panels, col((size_t)nc);
+  for (int64_t i = 0; i < nc; ++i) {
+    if (panels.empty() || panels.back() != id[i] / PANEL) panels.push_back(id[i] / PANEL);
+    col[i] = ((int64_t)panels.size() - 1) * PANEL + id[i] % PANEL;
+  }
+  const at::Tensor pidx = at::tensor(panels, at::kLong);
+  const at::Tensor exact = bi_linear(x.contiguous(), head.index_select(0, pidx), (int64_t)panels.size() * PANEL,
+                                     c10::nullopt, 1, c10::nullopt)
+                               .to(at::kFloat)
+                               .contiguous();
+  const int64_t M = x.size(0), w = exact.size(1);
+  const float* e = exact.data_ptr<float>();
+  at::Tensor out = at::empty({M}, at::kLong);
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {  // torch.argmax over the candidates in vocabulary order: NaN wins, first max
+    int64_t best = 0;
+    for (int64_t i = 1; i < nc; ++i) {
+      const float b = e[m * w + col[best]], v = e[m * w + col[i]];
+      if (!std::isnan(b) && (std::isnan(v) || v > b)) best = i;
+    }
+    o[m] = nc ? id[best] : -1;
+  }
+  return nc ? out : none;
+}
+
 // ---- misc --------------------------------------------------------------------------------------------------
 
 static std::string bi_set_isa(const std::string& isa) {
@@ -857,6 +909,8 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.def("bi_selftest_reduce(Tensor a) -> Tensor");
   m.def("bi_greedy_screen(Tensor rest, Tensor wo, Tensor xr, Tensor x, Tensor xo, Tensor g, Tensor gm, "
         "int chunks, float gap_rel) -> Tensor");
+  m.def("bi_greedy_head(Tensor x, bool pairs, Tensor out_idx, Tensor screen, int screen_n, Tensor screen_scale, "
+        "int chunks, Tensor wo, Tensor g, Tensor gm, float gap_rel, Tensor head, int max_candidates) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
@@ -868,6 +922,7 @@ TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
   m.impl("bi_paged_attention", &bi::bi_paged_attention);
   m.impl("bi_selftest_reduce", &bi::bi_selftest_reduce);
   m.impl("bi_greedy_screen", &bi::bi_greedy_screen);
+  m.impl("bi_greedy_head", &bi::bi_greedy_head);
 }
 
 #else  // ===================================== kernel body (one ISA per pass) =================================

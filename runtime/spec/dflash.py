@@ -28,7 +28,7 @@ from .interface import Proposal, Proposer, TargetPass
 class ContextQueue:
     """One request's committed rows whose drafter context is not written yet: its last `rows` positions."""
     seq: object  # the request (its block table and length)
-    parts: list = field(default_factory=list)  # (features, positions, slots) per step
+    parts: list = field(default_factory=list)  # ((features, positions, slots) of a step, first row, rows)
     rows: int = 0
 
 
@@ -51,7 +51,8 @@ class DFlashProposer(Proposer):
         self.pending: dict[int, ContextQueue] = {}  # seq_id -> its queue, while not empty
         row_bytes = len(self.feature_layers) * drafter.cfg.hidden_size * 4  # fp32 at most
         self.max_pending = max(64, self.PENDING_BYTES // row_bytes)
-        # cached block -> (features, positions, slots) its finished owner still owes it, oldest first
+        # cached block -> the part ((features, positions, slots), first row, rows) its finished owner still owes it,
+        # oldest first
         self.parked: OrderedDict[int, tuple] = OrderedDict()
         self.parked_rows, self.max_parked = 0, max(64, self.PARKED_BYTES // row_bytes)
         drafter.ops = ops
@@ -134,17 +135,26 @@ class DFlashProposer(Proposer):
             feats, pos, slots = feats.index_select(0, idx), pos.index_select(0, idx), slots.index_select(0, idx)
             starts = accumulate((n for _, _, n in spans), initial=0)
             spans = [(sid, at, n) for (sid, _, n), at in zip(spans, starts)]
+        step = (feats, pos, slots)
         for w, (sid, first, n) in zip(work, spans):
-            self.queue(w.seq, feats[first:first + n], pos[first:first + n], slots[first:first + n])
+            self.queue(w.seq, *step, first=first, rows=n)
         self.write_context([sid for sid, _, _ in spans if self.pending[sid].rows >= self.max_pending])
 
-    def queue(self, seq, features, positions, slots) -> None:
-        """Rows whose context the next write_context of the request writes."""
+    def queue(self, seq, features, positions, slots, first: int = 0, rows: int | None = None) -> None:
+        """Rows first .. first + rows - 1 (all by default) of a step's features, positions and slots, whose context
+        the next write_context of the request writes. The step's tensors and the range are kept, not slices: a
+        request that never drafts costs no tensor op per step."""
+        rows = features.shape[0] - first if rows is None else rows
         q = self.pending.get(seq.seq_id)
         if q is None:
             q = self.pending[seq.seq_id] = ContextQueue(seq)
-        q.parts.append((features, positions, slots))
-        q.rows += features.shape[0]
+        q.parts.append(((features, positions, slots), first, rows))
+        q.rows += rows
+
+    @staticmethod
+    def _rows(parts) -> tuple:
+        """(features, positions, slots) of the parts' rows, one after another."""
+        return tuple(torch.cat([t[i][a:a + n] for t, a, n in parts]) for i in range(3))
 
     def share(self, blocks) -> None:
         """Blocks another request now reads through the prefix cache: their owners' queued rows (a request's
@@ -160,20 +170,19 @@ class DFlashProposer(Proposer):
         parts = [p for sid in seq_ids if sid in self.pending for p in self.pending.pop(sid).parts] + list(parked)
         if not parts:
             return
-        self.drafter.write_context(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                                   torch.cat([p[2] for p in parts]), self.caches)
+        self.drafter.write_context(*self._rows(parts), self.caches)
 
     def release(self, seq, cached_blocks=frozenset()) -> None:
         q = self.pending.pop(seq.seq_id, None)  # the context waiting for blocks that go goes too
         if q is None or not cached_blocks:
             return
-        feats, pos, slots = (torch.cat([p[i] for p in q.parts]) for i in range(3))
+        rows = self._rows(q.parts)
         start, page = seq.num_computed - q.rows, self.page
         for i in range(start // page, -(-seq.num_computed // page)):
             b = seq.block_table[i]
             if b in cached_blocks:
                 lo, hi = max(start, i * page) - start, min(seq.num_computed, (i + 1) * page) - start
-                self.parked[b] = (feats[lo:hi], pos[lo:hi], slots[lo:hi])
+                self.parked[b] = (rows, lo, hi - lo)  # a part, as queued rows are
                 self.parked_rows += hi - lo
         spill = []
         while self.parked_rows > self.max_parked:
@@ -185,6 +194,6 @@ class DFlashProposer(Proposer):
             self._unpark(block)
 
     def _unpark(self, block: int):
-        rows = self.parked.pop(block)
-        self.parked_rows -= rows[0].shape[0]
-        return rows
+        part = self.parked.pop(block)
+        self.parked_rows -= part[2]
+        return part

@@ -213,11 +213,19 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         """best_draft_len(p, k_cap, batch, costs, margin), without its cost model where p is at or below the
         acceptance at which nothing pays: a loaded batch's requests that do not draft then cost the policy one
         comparison each instead of pricing every K on the model's piecewise lines."""
+        return 0 if p <= self._floor(k_cap, batch, margin) else best_draft_len(p, k_cap, batch, self.costs, margin)
+
+    def pays_at_all(self, k_cap: int, batch: int) -> bool:
+        """Whether some K <= k_cap pays at this batch size at some acceptance (False: every request's K is 0,
+        whatever its estimate)."""
+        return self.mode == "fixed" or self._floor(k_cap, batch, MARGIN) < 1.0
+
+    def _floor(self, k_cap: int, batch: int, margin: float) -> float:
         key = (k_cap, batch, margin)
         lo = self._break_even.get(key)
         if lo is None:
             lo = self._break_even[key] = self._nothing_pays_up_to(k_cap, batch, margin)
-        return 0 if p <= lo else best_draft_len(p, k_cap, batch, self.costs, margin)
+        return lo
 
     def _nothing_pays_up_to(self, k_cap: int, batch: int, margin: float) -> float:
         """An acceptance at or below which no K pays (a K's rate grows with p, so 'some K pays' is monotone in
@@ -298,9 +306,11 @@ class SpecPolicy:
         return self.cfg.draft_len_policy == "adaptive"
 
     def begin_iteration(self, num_decoding: int) -> int:
-        """The schedule's K for this iteration's batch of decoding requests."""
+        """The schedule's K for this iteration's batch of decoding requests; 0 where no K pays at this batch size
+        even if every draft were accepted, so no request is priced (nor counts the iteration as idle)."""
         self.lengths.begin_iteration()
-        return self.cfg.draft_len_for(num_decoding, self.max_draft_len) if self.max_draft_len else 0
+        k = self.cfg.draft_len_for(num_decoding, self.max_draft_len) if self.max_draft_len else 0
+        return k if k and self.lengths.pays_at_all(k, num_decoding) else 0
 
     def new_request(self, seq) -> None:
         if self.max_draft_len:
