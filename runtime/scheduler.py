@@ -95,6 +95,8 @@ class Scheduler:
         budget, out = self.cfg.max_num_tokens, []
         decoding = [s for s in self.running if not s.in_prefill]
         k = self.policy.begin_iteration(len(decoding)) if self.policy is not None else 0
+        if k and self.policy.quiet_iteration(decoding, k, self.cfg.max_seq_len):
+            k = 0
         for seq in list(self.running):
             if seq.in_prefill or seq not in self.running or budget < 1:
                 continue

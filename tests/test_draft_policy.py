@@ -290,3 +290,35 @@ def test_a_batch_where_no_k_pays_prices_no_request():
     idle = seq.acceptance.idle
     assert pol.draft_len(seq, pol.begin_iteration(16), 16, 4096) == 0 and seq.acceptance.idle == idle + 1
     assert pol.draft_len(seq, pol.begin_iteration(32), 32, 4096) == 0 and seq.acceptance.idle == idle + 1
+
+
+def test_a_quiet_iteration_counts_and_chooses_as_pricing_every_request_would():
+    """The scheduler skips pricing requests one by one on an iteration where none can draft
+    (SpecPolicy.quiet_iteration): every request's K, idle count and probe wait come out as if each had been priced."""
+    from dflash_trt.sequence import Sequence
+    from dflash_trt.spec.config import SpecConfig
+    from dflash_trt.spec.policy import SpecPolicy
+
+    def run(shortcut: bool):
+        pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_1T)
+        seqs = [Sequence([1, 2, 3], SamplingParams(max_tokens=30 + 9 * i)) for i in range(12)]
+        for i, s in enumerate(seqs):
+            pol.new_request(s)
+            s.acceptance.update(7, 7 if i < 2 else i % 3)  # two easy texts, the rest hard
+        ks, quiet = [], 0
+        for it in range(140):
+            batch = [s for s in seqs[:12 - it // 20] if s.num_output < s.params.max_tokens]  # the batch shrinks
+            k = pol.begin_iteration(len(batch))
+            if shortcut and k and pol.quiet_iteration(batch, k, 4096):
+                k, quiet = 0, quiet + 1
+            step = [pol.draft_len(s, k, len(batch), 4096) if k else 0 for s in batch]
+            for s, kk in zip(batch, step):
+                if kk:
+                    pol.observe(s, kk, 0)  # every draft rejected
+                s.token_ids.append(5)
+            ks.append((step, [(s.acceptance.idle, s.acceptance.probe_gap, s.acceptance.probing) for s in seqs]))
+        return ks, quiet
+
+    (fast, quiet), (priced, _) = run(True), run(False)
+    assert quiet > 20 and any(any(step) for step, _ in priced), "the run must have quiet and drafting iterations"
+    assert fast == priced

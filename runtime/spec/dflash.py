@@ -51,8 +51,8 @@ class DFlashProposer(Proposer):
         self.pending: dict[int, ContextQueue] = {}  # seq_id -> its queue, while not empty
         row_bytes = len(self.feature_layers) * drafter.cfg.hidden_size * 4  # fp32 at most
         self.max_pending = max(64, self.PENDING_BYTES // row_bytes)
-        # cached block -> the part ((features, positions, slots), first row, rows) its finished owner still owes it,
-        # oldest first
+        # cached block -> the parts ((features, positions, slots), first row, rows) of the rows its finished owner
+        # still owes it, oldest first
         self.parked: OrderedDict[int, tuple] = OrderedDict()
         self.parked_rows, self.max_parked = 0, max(64, self.PARKED_BYTES // row_bytes)
         drafter.ops = ops
@@ -127,18 +127,24 @@ class DFlashProposer(Proposer):
 
     def observe(self, work, target_pass: TargetPass, committed_rows: dict[int, int]) -> None:
         """Queue the committed rows' features: one gather per step (only when some rows were rejected; the step's
-        whole buffer is not kept past them), a view of it per request."""
-        spans = [(w.seq.seq_id, target_pass.rows[w.seq.seq_id][0], committed_rows[w.seq.seq_id]) for w in work]
+        whole buffer is not kept past them), a range of it per request."""
+        spans = [(w.seq, target_pass.rows[w.seq.seq_id][0], committed_rows[w.seq.seq_id]) for w in work]
         feats, pos, slots = target_pass.features, target_pass.positions, target_pass.slot_mapping
         if sum(n for _, _, n in spans) < feats.shape[0]:
             idx = torch.cat([torch.arange(first, first + n) for _, first, n in spans]).to(feats.device)
             feats, pos, slots = feats.index_select(0, idx), pos.index_select(0, idx), slots.index_select(0, idx)
             starts = accumulate((n for _, _, n in spans), initial=0)
-            spans = [(sid, at, n) for (sid, _, n), at in zip(spans, starts)]
-        step = (feats, pos, slots)
-        for w, (sid, first, n) in zip(work, spans):
-            self.queue(w.seq, *step, first=first, rows=n)
-        self.write_context([sid for sid, _, _ in spans if self.pending[sid].rows >= self.max_pending])
+            spans = [(seq, at, n) for (seq, _, n), at in zip(spans, starts)]
+        step, full = (feats, pos, slots), []
+        for seq, first, n in spans:  # queue() inlined: this loop runs for every request of every step
+            q = self.pending.get(seq.seq_id)
+            if q is None:
+                q = self.pending[seq.seq_id] = ContextQueue(seq)
+            q.parts.append((step, first, n))
+            q.rows += n
+            if q.rows >= self.max_pending:
+                full.append(seq.seq_id)
+        self.write_context(full)
 
     def queue(self, seq, features, positions, slots, first: int = 0, rows: int | None = None) -> None:
         """Rows first .. first + rows - 1 (all by default) of a step's features, positions and slots, whose context
@@ -156,6 +162,19 @@ class DFlashProposer(Proposer):
         """(features, positions, slots) of the parts' rows, one after another."""
         return tuple(torch.cat([t[i][a:a + n] for t, a, n in parts]) for i in range(3))
 
+    @staticmethod
+    def _span(parts, lo: int, hi: int) -> list:
+        """The parts of rows lo .. hi - 1 of a queue (its rows counted in the order they were queued)."""
+        out, at = [], 0
+        for t, a, n in parts:
+            s, e = max(lo, at), min(hi, at + n)
+            if s < e:
+                out.append((t, a + s - at, e - s))
+            at += n
+            if at >= hi:
+                break
+        return out
+
     def share(self, blocks) -> None:
         """Blocks another request now reads through the prefix cache: their owners' queued rows (a request's
         queue holds its last rows, positions num_computed - rows .. num_computed - 1) and the rows parked for
@@ -167,7 +186,8 @@ class DFlashProposer(Proposer):
 
     @torch.inference_mode()
     def write_context(self, seq_ids, parked=()) -> None:
-        parts = [p for sid in seq_ids if sid in self.pending for p in self.pending.pop(sid).parts] + list(parked)
+        parts = [p for sid in seq_ids if sid in self.pending for p in self.pending.pop(sid).parts]
+        parts += [p for block_parts in parked for p in block_parts]
         if not parts:
             return
         self.drafter.write_context(*self._rows(parts), self.caches)
@@ -176,13 +196,12 @@ class DFlashProposer(Proposer):
         q = self.pending.pop(seq.seq_id, None)  # the context waiting for blocks that go goes too
         if q is None or not cached_blocks:
             return
-        rows = self._rows(q.parts)
         start, page = seq.num_computed - q.rows, self.page
         for i in range(start // page, -(-seq.num_computed // page)):
             b = seq.block_table[i]
-            if b in cached_blocks:
+            if b in cached_blocks:  # the block's rows, as parts of the queue: no tensor op until they are written
                 lo, hi = max(start, i * page) - start, min(seq.num_computed, (i + 1) * page) - start
-                self.parked[b] = (rows, lo, hi - lo)  # a part, as queued rows are
+                self.parked[b] = self._span(q.parts, lo, hi)
                 self.parked_rows += hi - lo
         spill = []
         while self.parked_rows > self.max_parked:
@@ -193,7 +212,7 @@ class DFlashProposer(Proposer):
         if block in self.parked:
             self._unpark(block)
 
-    def _unpark(self, block: int):
-        part = self.parked.pop(block)
-        self.parked_rows -= part[2]
-        return part
+    def _unpark(self, block: int) -> list:
+        parts = self.parked.pop(block)
+        self.parked_rows -= sum(n for _, _, n in parts)
+        return parts

@@ -213,14 +213,15 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         """best_draft_len(p, k_cap, batch, costs, margin), without its cost model where p is at or below the
         acceptance at which nothing pays: a loaded batch's requests that do not draft then cost the policy one
         comparison each instead of pricing every K on the model's piecewise lines."""
-        return 0 if p <= self._floor(k_cap, batch, margin) else best_draft_len(p, k_cap, batch, self.costs, margin)
+        return 0 if p <= self.floor(k_cap, batch, margin) else best_draft_len(p, k_cap, batch, self.costs, margin)
 
     def pays_at_all(self, k_cap: int, batch: int) -> bool:
         """Whether some K <= k_cap pays at this batch size at some acceptance (False: every request's K is 0,
         whatever its estimate)."""
-        return self.mode == "fixed" or self._floor(k_cap, batch, MARGIN) < 1.0
+        return self.mode == "fixed" or self.floor(k_cap, batch) < 1.0
 
-    def _floor(self, k_cap: int, batch: int, margin: float) -> float:
+    def floor(self, k_cap: int, batch: int, margin: float = MARGIN) -> float:
+        """An acceptance at or below which no K <= k_cap pays at this batch size (cached per arguments)."""
         key = (k_cap, batch, margin)
         lo = self._break_even.get(key)
         if lo is None:
@@ -311,6 +312,27 @@ class SpecPolicy:
         self.lengths.begin_iteration()
         k = self.cfg.draft_len_for(num_decoding, self.max_draft_len) if self.max_draft_len else 0
         return k if k and self.lengths.pays_at_all(k, num_decoding) else 0
+
+    def quiet_iteration(self, decoding: list, k: int, max_seq_len: int) -> bool:
+        """Whether no request drafts this iteration whatever its turn: no probe falls on it and every estimate is
+        at or below the acceptance at which no K <= k pays at this batch size. Each request's step is then
+        counted as `draft_len` would count it (an idle step where it could have drafted), with no request priced
+        one by one: at a loaded batch that pricing cost about as much as the rest of the scheduling."""
+        lengths = self.lengths
+        if not self.adaptive or lengths.iteration % lengths.probe_every == 0:
+            return False
+        floor, idle = lengths.floor(k, len(decoding)), []
+        for seq in decoding:
+            est = seq.acceptance
+            if est is None or not seq.spec_enabled:
+                continue
+            if est.p > floor:
+                return False
+            if min(seq.params.max_tokens - seq.num_output - 1, max_seq_len - len(seq.token_ids)) > 0:
+                idle.append(est)
+        for est in idle:
+            est.idle += 1
+        return True
 
     def new_request(self, seq) -> None:
         if self.max_draft_len:
