@@ -47,6 +47,9 @@ def load() -> None:
     _ops_loaded = True
 
 
+_fast: dict = {}  # op name -> its C++ binding, for ops called every step
+
+
 def _ops():
     if not _ops_loaded:
         load()
@@ -259,8 +262,10 @@ def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: Pac
 
 
 def _greedy_head():
-    op = _ops().bi_greedy_head.default
-    return getattr(op, "_op", op)  # the C++ binding: the overload's __call__ first walks its arguments (tracing)
+    op = _fast.get("greedy_head")
+    if op is None:  # the C++ binding: the overload's __call__ first walks its arguments (for tracing)
+        op = _fast["greedy_head"] = getattr(_ops().bi_greedy_head.default, "_op", _ops().bi_greedy_head.default)
+    return op
 
 
 def linear_partial(x: torch.Tensor, packed: PackedLinear, chunk_begin: int, chunk_end: int,
@@ -307,6 +312,17 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 # ---- attention -------------------------------------------------------------------------------------------------
+
+def attention_args(q_lens: list[int], kv_lens: list[int], blocks: list[int], block_size: int) -> list[torch.Tensor]:
+    """paged_attention's per-batch arguments and the new rows' cache slots in one op: [slot_mapping, q_start,
+    q_len, kv_len, kv_slots, kv_offsets] for sequences of q_lens new rows over kv_lens keys, whose cache blocks
+    are the next ceil(kv_len / block_size) entries of `blocks` each."""
+    op = _fast.get("attention_args")
+    if op is None:
+        op = _fast["attention_args"] = getattr(_ops().bi_attention_args.default, "_op",
+                                               _ops().bi_attention_args.default)
+    return op(q_lens, kv_lens, blocks, block_size)
+
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start: torch.Tensor,
                     q_len: torch.Tensor, kv_len: torch.Tensor, kv_slots: torch.Tensor, kv_offsets: torch.Tensor,

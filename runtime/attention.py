@@ -45,6 +45,16 @@ class AttentionBatch:
     @staticmethod
     def build(rows: list[tuple[int, int, list[int]]], block_size: int, device) -> "AttentionBatch":
         """rows: (q_len, kv_len, block_table) per sequence, in packed order."""
+        if rows and ops.paged_attention_kernel() is not None and torch.device(device).type == "cpu":
+            # the fused kernel's arguments, made in one op, and no padded groups
+            blocks = [b for _, kv_len, table in rows for b in table[:(kv_len + block_size - 1) // block_size]]
+            sm, q_start, q_len, kv_len, kv_slots, kv_offsets = ops.attention_args(
+                [r[0] for r in rows], [r[1] for r in rows], blocks, block_size)
+            seqs, start, at = [], 0, 0
+            for q, kv, _ in rows:
+                seqs.append(SeqSlice(start, q, kv, kv_slots[at:at + kv]))
+                start, at = start + q, at + kv
+            return AttentionBatch(seqs, sm, kernel_args=(q_start, q_len, kv_len, kv_slots, kv_offsets))
         seqs, mapping, start = [], [], 0
         for q_len, kv_len, table in rows:
             n_blocks = (kv_len + block_size - 1) // block_size
@@ -54,13 +64,6 @@ class AttentionBatch:
             mapping.append(slots[kv_len - q_len:])
             start += q_len
         sm = torch.cat(mapping) if mapping else torch.zeros(0, dtype=torch.int64)
-        if seqs and ops.paged_attention_kernel() is not None and torch.device(device).type == "cpu":
-            offs = [0]
-            for s in seqs:
-                offs.append(offs[-1] + s.kv_len)
-            meta = torch.tensor([[s.q_start, s.q_len, s.kv_len] for s in seqs], dtype=torch.int64).T.contiguous()
-            args = (meta[0], meta[1], meta[2], torch.cat([s.kv_slots for s in seqs]), torch.tensor(offs[:-1]))
-            return AttentionBatch(seqs, sm, kernel_args=args)  # the fused kernel needs no padded groups
         single = [s for s in seqs if s.q_len == 1]
         decode = None
         if len(single) > 1:

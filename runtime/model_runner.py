@@ -95,7 +95,9 @@ class ModelRunner:
                 picked.append(first + n - 1)
         logits = greedy = None
         if picked:
-            chosen = hidden.index_select(0, torch.tensor(picked, device=self.device))
+            # decode and verify steps pick every row, in order
+            chosen = hidden if len(picked) == hidden.shape[0] and picked[-1] == len(picked) - 1 else \
+                hidden.index_select(0, torch.tensor(picked, device=self.device))
             if all(it.params.greedy for it in verify.values()):  # argmax tokens are all the step needs
                 greedy = self.target.greedy_tokens(chosen)
             if greedy is None:

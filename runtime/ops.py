@@ -111,5 +111,10 @@ def pack(weight: torch.Tensor):
     return _bi.pack_linear(w)
 
 
+def attention_args(q_lens: list[int], kv_lens: list[int], blocks: list[int], block_size: int) -> list[torch.Tensor]:
+    """The paged attention kernel's batch arguments (plugins/invariant.py attention_args)."""
+    return _bi.attention_args(q_lens, kv_lens, blocks, block_size)
+
+
 def paged_attention_kernel():
     return _bi.paged_attention if _bi is not None else None

@@ -67,6 +67,7 @@ class RotaryTable:
         self.inv_freq, self.scale = inv_freq_and_scale(rope, head_dim)
         self.device = torch.device(device)
         self.cos = self.sin = None
+        self._cast: dict = {}  # dtype -> (cos, sin) rounded to it once: a row's rounding is the same either way
         self._grow(max_positions)
 
     def _grow(self, n: int) -> None:
@@ -75,10 +76,12 @@ class RotaryTable:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = (emb.cos() * self.scale).to(self.device)
         self.sin = (emb.sin() * self.scale).to(self.device)
+        self._cast = {}
 
     def to(self, device) -> "RotaryTable":
         self.device = torch.device(device)
         self.cos, self.sin = self.cos.to(self.device), self.sin.to(self.device)
+        self._cast = {}
         return self
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype):
@@ -90,7 +93,10 @@ class RotaryTable:
         need = int(positions.max()) + 1 if positions.numel() and not capturing else 0
         if need > self.cos.shape[0]:
             self._grow(max(need, 2 * self.cos.shape[0]))
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        tables = self._cast.get(dtype)
+        if tables is None:
+            tables = self._cast[dtype] = (self.cos.to(dtype), self.sin.to(dtype))
+        return tables[0][positions], tables[1][positions]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

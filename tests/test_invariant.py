@@ -469,6 +469,30 @@ def test_attention_edge_cases():
         attn(q, kc, vc, [(0, 3, 2)], slots, offs, 0.1)  # q_len > kv_len
 
 
+def test_attention_args_are_the_per_sequence_slots():
+    """attention_args (AttentionBatch.build's kernel arguments in one op) against the slots written out per
+    sequence from its block table: decode rows, a verify block, a prefill chunk, a block boundary, q_len 0."""
+    bs = 4
+    g = torch.Generator().manual_seed(7)
+    rows = [(1, 9), (8, 20), (7, 7), (1, 1), (3, 8), (0, 5)]  # (q_len, kv_len)
+    tables = [torch.randperm(64, generator=g)[:(kv + bs - 1) // bs + 2].tolist() for _, kv in rows]  # spare blocks
+    blocks = [b for (_, kv), t in zip(rows, tables) for b in t[:(kv + bs - 1) // bs]]
+    sm, q_start, q_len, kv_len, kv_slots, kv_offsets = bi.attention_args(
+        [q for q, _ in rows], [kv for _, kv in rows], blocks, bs)
+    per_seq = [torch.tensor([t[p // bs] * bs + p % bs for p in range(kv)], dtype=torch.int64)
+               for (_, kv), t in zip(rows, tables)]
+    assert torch.equal(kv_slots, torch.cat(per_seq))
+    assert torch.equal(sm, torch.cat([s[kv - q:] for (q, kv), s in zip(rows, per_seq)]))
+    starts = torch.tensor([0] + [q for q, _ in rows]).cumsum(0)[:-1]
+    assert torch.equal(q_start, starts) and q_len.tolist() == [q for q, _ in rows]
+    assert kv_len.tolist() == [kv for _, kv in rows]
+    assert kv_offsets.tolist() == torch.tensor([0] + [kv for _, kv in rows]).cumsum(0)[:-1].tolist()
+    with pytest.raises(RuntimeError, match="blocks given"):
+        bi.attention_args([1], [9], blocks[:2], bs)
+    with pytest.raises(RuntimeError, match="q_len"):
+        bi.attention_args([3], [2], blocks[:1], bs)
+
+
 # ---- tracing ----------------------------------------------------------------------------------------------------
 
 def test_torch_compile_traces_ops():

@@ -710,6 +710,47 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   return out;
 }
 
+// The paged attention kernel's arguments for a packed batch (runtime/attention.py AttentionBatch.build): per
+// sequence s, q_lens[s] new rows whose keys are positions 0 .. kv_lens[s] - 1, its cache blocks the next
+// ceil(kv_lens[s] / block_size) entries of `blocks`. Returns slot_mapping (each new row's slot), q_start,
+// q_len, kv_len, kv_slots (every sequence's key slots, one after another) and kv_offsets. One op for what a
+// dozen small tensor ops per sequence built.
+static std::vector<at::Tensor> bi_attention_args(at::IntArrayRef q_lens, at::IntArrayRef kv_lens,
+                                                 at::IntArrayRef blocks, int64_t block_size) {
+  const int64_t S = (int64_t)q_lens.size();
+  TORCH_CHECK((int64_t)kv_lens.size() == S && block_size > 0, "bi_attention_args: one kv_len per q_len, block_size > 0");
+  int64_t T = 0, KV = 0, B = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    TORCH_CHECK(q_lens[s] >= 0 && q_lens[s] <= kv_lens[s], "bi_attention_args: sequence ", s, " has q_len ",
+                q_lens[s], " and kv_len ", kv_lens[s]);
+    T += q_lens[s];
+    KV += kv_lens[s];
+    B += (kv_lens[s] + block_size - 1) / block_size;
+  }
+  TORCH_CHECK((int64_t)blocks.size() == B, "bi_attention_args: ", blocks.size(), " blocks given, the lengths need ", B);
+  const auto opt = at::TensorOptions().dtype(at::kLong);
+  at::Tensor sm = at::empty({T}, opt), qs = at::empty({S}, opt), ql = at::empty({S}, opt), kl = at::empty({S}, opt);
+  at::Tensor slots = at::empty({KV}, opt), offs = at::empty({S}, opt);
+  int64_t *psm = sm.data_ptr<int64_t>(), *pslots = slots.data_ptr<int64_t>();
+  int64_t t = 0, at_kv = 0, b0 = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t q = q_lens[s], kv = kv_lens[s], first = kv - q;
+    for (int64_t p = 0; p < kv; ++p) {
+      const int64_t slot = blocks[b0 + p / block_size] * block_size + p % block_size;
+      pslots[at_kv + p] = slot;
+      if (p >= first) psm[t + p - first] = slot;
+    }
+    qs.data_ptr<int64_t>()[s] = t;
+    ql.data_ptr<int64_t>()[s] = q;
+    kl.data_ptr<int64_t>()[s] = kv;
+    offs.data_ptr<int64_t>()[s] = at_kv;
+    t += q;
+    at_kv += kv;
+    b0 += (kv + block_size - 1) / block_size;
+  }
+  return {sm, qs, ql, kl, slots, offs};
+}
+
 // ---- greedy head screen (runtime/greedy_head.py) ---------------------------------------------------------
 
 // a <= b in float32 arithmetic: every figure below is rounded up so that the bound stays a bound
@@ -909,6 +950,8 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.def("bi_selftest_reduce(Tensor a) -> Tensor");
   m.def("bi_greedy_screen(Tensor rest, Tensor wo, Tensor xr, Tensor x, Tensor xo, Tensor g, Tensor gm, "
         "int chunks, float gap_rel) -> Tensor");
+  m.def("bi_attention_args(int[] q_lens, int[] kv_lens, int[] blocks, int block_size) -> Tensor[]",
+        &bi::bi_attention_args);
   m.def("bi_greedy_head(Tensor x, bool pairs, Tensor out_idx, Tensor screen, int screen_n, Tensor screen_scale, "
         "int chunks, Tensor wo, Tensor g, Tensor gm, float gap_rel, Tensor head, int max_candidates) -> Tensor");
 }
