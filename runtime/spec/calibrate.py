@@ -98,8 +98,8 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
             slots = table[pos // blocks.block_size] * blocks.block_size + pos % blocks.block_size
             d = proposer.drafter
             width = len(d.cfg.target_layer_ids) * d.cfg.hidden_size  # fc's input (8-bit packing empties fc.weight)
-            proposer.queue(s, torch.zeros(k + 1, width, dtype=d.fc.weight.dtype, device=runner.device),
-                           pos.to(runner.device), slots.to(runner.device))
+            proposer.queue(s, (torch.zeros(k + 1, width, dtype=d.fc.weight.dtype, device=runner.device),
+                               pos.to(runner.device), slots.to(runner.device)))
         proposer.propose([Scheduled(s, k + 1, k, False) for s in group], want_confidence=confidence)
 
     # name: (what runs, requests, target rows)

@@ -135,27 +135,20 @@ class DFlashProposer(Proposer):
             feats, pos, slots = feats.index_select(0, idx), pos.index_select(0, idx), slots.index_select(0, idx)
             starts = accumulate((n for _, _, n in spans), initial=0)
             spans = [(seq, at, n) for (seq, _, n), at in zip(spans, starts)]
-        step, full = (feats, pos, slots), []
-        for seq, first, n in spans:  # queue() inlined: this loop runs for every request of every step
-            q = self.pending.get(seq.seq_id)
-            if q is None:
-                q = self.pending[seq.seq_id] = ContextQueue(seq)
-            q.parts.append((step, first, n))
-            q.rows += n
-            if q.rows >= self.max_pending:
-                full.append(seq.seq_id)
-        self.write_context(full)
+        step = (feats, pos, slots)
+        self.write_context([seq.seq_id for seq, first, n in spans if self.queue(seq, step, first, n)])
 
-    def queue(self, seq, features, positions, slots, first: int = 0, rows: int | None = None) -> None:
-        """Rows first .. first + rows - 1 (all by default) of a step's features, positions and slots, whose context
-        the next write_context of the request writes. The step's tensors and the range are kept, not slices: a
-        request that never drafts costs no tensor op per step."""
-        rows = features.shape[0] - first if rows is None else rows
+    def queue(self, seq, step: tuple, first: int = 0, rows: int | None = None) -> bool:
+        """Rows first .. first + rows - 1 (all by default) of a step's (features, positions, slots), whose context
+        the next write_context of the request writes; True when its queue is full. The step's tensors and the
+        range are kept, not slices: a request that never drafts costs no tensor op per step."""
+        rows = step[0].shape[0] - first if rows is None else rows
         q = self.pending.get(seq.seq_id)
         if q is None:
             q = self.pending[seq.seq_id] = ContextQueue(seq)
-        q.parts.append(((features, positions, slots), first, rows))
+        q.parts.append((step, first, rows))
         q.rows += rows
+        return q.rows >= self.max_pending
 
     @staticmethod
     def _rows(parts) -> tuple:

@@ -328,7 +328,7 @@ class SpecPolicy:
                 continue
             if est.p > floor:
                 return False
-            if min(seq.params.max_tokens - seq.num_output - 1, max_seq_len - len(seq.token_ids)) > 0:
+            if self._cap(seq, k, max_seq_len) > 0:
                 idle.append(est)
         for est in idle:
             est.idle += 1
@@ -341,10 +341,12 @@ class SpecPolicy:
     def draft_len(self, seq, k_cap: int, batch: int, max_seq_len: int) -> int:
         if not self.max_draft_len or not seq.spec_enabled:
             return 0
-        left = seq.params.max_tokens - seq.num_output  # tokens still allowed; a step commits up to K+1
-        room = max_seq_len - len(seq.token_ids)
-        k = max(0, min(k_cap, left - 1, room))
-        return self.lengths.choose(seq.acceptance, k, batch)
+        return self.lengths.choose(seq.acceptance, self._cap(seq, k_cap, max_seq_len), batch)
+
+    @staticmethod
+    def _cap(seq, k_cap: int, max_seq_len: int) -> int:
+        """k_cap within what the request may still commit (a step commits up to K + 1 tokens) and its room."""
+        return max(0, min(k_cap, seq.params.max_tokens - seq.num_output - 1, max_seq_len - len(seq.token_ids)))
 
     def cut(self, lens: dict[int, int], confidence: dict[int, list[float]] | None) -> dict[int, int]:
         """How many of each request's drafts to verify (confident_prefixes), seq_id -> count."""
