@@ -126,11 +126,14 @@ class DFlashProposer(Proposer):
         return torch.tensor(ids, device=self.device), torch.tensor(pos, device=self.device), slices
 
     def observe(self, work, target_pass: TargetPass, committed_rows: dict[int, int]) -> None:
-        """Queue the committed rows' features: one gather per step (only when some rows were rejected; the step's
-        whole buffer is not kept past them), a range of it per request."""
+        """Queue the committed rows' features: a range of the step's buffer per request (a verify block's committed
+        rows lead its block). Where several requests share the step and some rows were rejected, the committed
+        rows are gathered first: other requests' queues may keep the buffer long after a drafting request's next
+        draft wrote its own rows, and it should not hold rejected rows that long. A lone request's buffer lives
+        until its next draft, so it is kept as it is."""
         spans = [(w.seq, target_pass.rows[w.seq.seq_id][0], committed_rows[w.seq.seq_id]) for w in work]
         feats, pos, slots = target_pass.features, target_pass.positions, target_pass.slot_mapping
-        if sum(n for _, _, n in spans) < feats.shape[0]:
+        if len(spans) > 1 and sum(n for _, _, n in spans) < feats.shape[0]:
             idx = torch.cat([torch.arange(first, first + n) for _, first, n in spans]).to(feats.device)
             feats, pos, slots = feats.index_select(0, idx), pos.index_select(0, idx), slots.index_select(0, idx)
             starts = accumulate((n for _, _, n in spans), initial=0)
