@@ -8,6 +8,14 @@ x = torch.randn(1, K, dtype=torch.bfloat16)
 small = [mk(3072) for _ in range(60)]        # 60 x 3.5 MB
 mid = [mk(960) for _ in range(190)]           # 190 x 1.1 MB
 big = [mk(3072 * 60)]                         # one 212 MB
+import torch.nn as nn
+from dflash_trt.huge_pages import move_to_huge_pages, thp_mode
+class Hold(nn.Module):
+    def __init__(self, ws):
+        super().__init__()
+        for i, w in enumerate(ws): setattr(self, f"w{i}", w)
+if len(sys.argv) > 2:
+    print("thp", thp_mode(), "moved MB", sum(move_to_huge_pages(Hold(ws)) for ws in (small, mid, big)) / 1e6)
 def run(ws):
     for w in ws: bi.linear(x, w)
 for name, ws in (("big", big), ("small", small), ("mid", mid), ("big", big), ("small", small), ("mid", mid)):
