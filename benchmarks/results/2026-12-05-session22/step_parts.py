@@ -23,7 +23,10 @@ from dflash_trt import attention as A
 wrap(A.AttentionBatch, "build", "abuild")
 wrap(e.target, "embed", "embed"); wrap(e.target, "_fused_stack", "fstate"); wrap(e.target, "rotary", "rotary")
 wrap(e.runner, "run", "run")
-wrap(e.proposer, "observe", "observe"); wrap(e.proposer, "propose", "propose")
+wrap(e.proposer, "observe", "observe")
+if spec:
+    wrap(e.drafter, "write_context", "d.write_ctx"); wrap(e.drafter, "draft_tokens", "d.tokens"); wrap(e.proposer, "_blocks", "p.blocks")
+    wrap(e.drafter, "project_context", "d.project"); wrap(e.proposer, "propose", "propose")
 sp = SamplingParams(max_tokens=200, ignore_eos=True)
 P = ["Write a Python function that returns the n-th Fibonacci number."]
 llm.generate(P, sp, chat=True)
@@ -34,5 +37,5 @@ for r in range(3):
     acc.clear()
     while not s.is_finished:
         t0 = time.perf_counter(); e.step(); T += time.perf_counter() - t0; n += 1
-    other = T - sum(v for k, v in acc.items() if k in ("stack", "greedy", "finish", "schedule", "postprocess", "verify", "observe", "propose"))
+    other = T - sum(v for k, v in acc.items() if k in ("run", "schedule", "postprocess", "verify", "observe", "propose"))
     print(f"steps {n} step {T/n*1e3:.3f} ms | " + " ".join(f"{k} {v/n*1e6:.0f}" for k, v in acc.items()) + f" | unaccounted {other/n*1e6:.0f} us", flush=True)
