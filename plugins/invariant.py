@@ -47,13 +47,24 @@ def load() -> None:
     _ops_loaded = True
 
 
-_fast: dict = {}  # op name -> its C++ binding, for ops called every step
+_bindings: dict = {}  # op name -> its C++ binding (binding())
 
 
 def _ops():
     if not _ops_loaded:
         load()
     return torch.ops.dflash_trt
+
+
+def binding(name: str):
+    """dflash_trt::name's default overload as its C++ binding, looked up once, for ops called every step: the
+    overload's __call__ first walks its arguments for fake script objects (tracing only), which costs about as
+    much as a small op's own work."""
+    op = _bindings.get(name)
+    if op is None:
+        overload = getattr(_ops(), name).default
+        op = _bindings[name] = getattr(overload, "_op", overload)
+    return op
 
 
 def _register_fakes() -> None:
@@ -257,15 +268,8 @@ def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: Pac
                 max_candidates: int) -> torch.Tensor:
     """runtime/greedy_head.py's exact greedy screen in one op: each row's argmax token, or an empty tensor when
     the caller must compute the logits."""
-    return _greedy_head()(x, pairs, out_idx, screen.data, screen.n, screen.scale, chunks, wo, g, g_max, gap_rel,
-                          head.data, max_candidates)
-
-
-def _greedy_head():
-    op = _fast.get("greedy_head")
-    if op is None:  # the C++ binding: the overload's __call__ first walks its arguments (for tracing)
-        op = _fast["greedy_head"] = getattr(_ops().bi_greedy_head.default, "_op", _ops().bi_greedy_head.default)
-    return op
+    return binding("bi_greedy_head")(x, pairs, out_idx, screen.data, screen.n, screen.scale, chunks, wo, g, g_max,
+                                     gap_rel, head.data, max_candidates)
 
 
 def linear_partial(x: torch.Tensor, packed: PackedLinear, chunk_begin: int, chunk_end: int,
@@ -317,11 +321,7 @@ def attention_args(q_lens: list[int], kv_lens: list[int], blocks: list[int], blo
     """paged_attention's per-batch arguments and the new rows' cache slots in one op: [slot_mapping, q_start,
     q_len, kv_len, kv_slots, kv_offsets] for sequences of q_lens new rows over kv_lens keys, whose cache blocks
     are the next ceil(kv_len / block_size) entries of `blocks` each."""
-    op = _fast.get("attention_args")
-    if op is None:
-        op = _fast["attention_args"] = getattr(_ops().bi_attention_args.default, "_op",
-                                               _ops().bi_attention_args.default)
-    return op(q_lens, kv_lens, blocks, block_size)
+    return binding("bi_attention_args")(q_lens, kv_lens, blocks, block_size)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, q_start: torch.Tensor,

@@ -35,12 +35,8 @@ def load() -> None:
     problem = torch.ops.dflash_trt.fused_layer_ready()
     if problem:
         raise RuntimeError(f"fused_decoder_layer cannot reach the invariant kernels: {problem}")
-    op = torch.ops.dflash_trt.fused_decoder_layer.default
-    stack = torch.ops.dflash_trt.fused_decoder_stack.default
-    # the C++ binding itself: the overload's __call__ first walks the arguments for fake script objects
-    # (tracing only), which costs as much as the layer's Python path saves
-    _state["op"] = getattr(op, "_op", op)
-    _state["stack"] = getattr(stack, "_op", stack)
+    _state["op"] = invariant.binding("fused_decoder_layer")
+    _state["stack"] = invariant.binding("fused_decoder_stack")
 
 
 def available() -> bool:

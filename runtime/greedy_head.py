@@ -37,7 +37,7 @@ OUTLIERS = 16  # dimensions multiplied in fp32 beside the codes
 ARM_ROWS = 64  # rows seen (through the full head) before the outlier dimensions are chosen
 MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
 # rows per call up to which the screen is used: past them the W8A8 pass and the bounds cost what the full head does
-# (a bf16 k-pair head ties at 16 rows and wins at 32; docs/cpu_performance.md)
+# (docs/cpu_performance.md)
 SCREEN_ROWS = 8
 
 

@@ -112,9 +112,8 @@ def _repack_linears(model, pack, keep=None) -> int:
 def draft_weights_for(weights: str, draft_weights: str | None) -> str:
     """The drafter's packing: as given; else the target's `weights`, except that a target kept as loaded ("auto")
     drafts in W8A8 where the CPU has integer dot products. A drafter pass is several rows per request, where the
-    kernels are compute-bound and W8A8 runs at twice the bf16 rate (docs/cpu_performance.md, session 21). Its
-    drafts move with the rounding (1-2% fewer tokens per step at K = 7 on the embedded pair); the output never
-    does."""
+    kernels are compute-bound and integer dot products do twice the bf16 work per instruction
+    (docs/cpu_performance.md). Its drafts move with the rounding; the output never does."""
     if draft_weights is not None:
         return draft_weights
     if weights != "auto":
@@ -132,8 +131,7 @@ def repack_drafter(drafter, mode: str) -> int:
         return 0
     pack = _packer(mode)
     # W8A8 leaves fc as it is: it projects the target's raw hidden states, whose outlier dimensions a per-row
-    # int8 activation scale blurs (on the embedded pair: 1.5% fewer tokens per step at K = 7), and it runs on
-    # committed rows only
+    # int8 activation scale blurs, and it runs on committed rows only
     count = _repack_linears(drafter.layers if mode == "w8a8" else drafter, pack)
     if getattr(drafter, "vocab_packed", None) is not None:
         drafter.vocab_packed = pack(drafter.vocab_head)

@@ -892,7 +892,7 @@ static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tens
   const at::Tensor rest = bi_linear(xr, screen, screen_n, c10::nullopt, chunks, screen_scale);
   const at::Tensor ids = bi_greedy_screen(rest, wo, xr, xf, xo, g, gm, chunks, gap_rel);
   const int64_t nc = ids.numel();
-  if (nc > max_candidates) return none;
+  if (nc == 0 || nc > max_candidates) return none;
   // the panels holding the candidates (ids ascend), and each candidate's column among them
   const int64_t* id = ids.data_ptr<int64_t>();
   std::vector<int64_t> panels, col((size_t)nc);
@@ -915,9 +915,9 @@ static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tens
       const float b = e[m * w + col[best]], v = e[m * w + col[i]];
       if (!std::isnan(b) && (std::isnan(v) || v > b)) best = i;
     }
-    o[m] = nc ? id[best] : -1;
+    o[m] = id[best];
   }
-  return nc ? out : none;
+  return out;
 }
 
 // ---- misc --------------------------------------------------------------------------------------------------
@@ -948,8 +948,6 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
         "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets, float scale, bool causal=True) -> Tensor");
   m.def("bi_set_isa(str isa) -> str", &bi::bi_set_isa);
   m.def("bi_selftest_reduce(Tensor a) -> Tensor");
-  m.def("bi_greedy_screen(Tensor rest, Tensor wo, Tensor xr, Tensor x, Tensor xo, Tensor g, Tensor gm, "
-        "int chunks, float gap_rel) -> Tensor");
   m.def("bi_attention_args(int[] q_lens, int[] kv_lens, int[] blocks, int block_size) -> Tensor[]",
         &bi::bi_attention_args);
   m.def("bi_greedy_head(Tensor x, bool pairs, Tensor out_idx, Tensor screen, int screen_n, Tensor screen_scale, "
@@ -964,7 +962,6 @@ TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
   m.impl("bi_silu_mul", &bi::bi_silu_mul);
   m.impl("bi_paged_attention", &bi::bi_paged_attention);
   m.impl("bi_selftest_reduce", &bi::bi_selftest_reduce);
-  m.impl("bi_greedy_screen", &bi::bi_greedy_screen);
   m.impl("bi_greedy_head", &bi::bi_greedy_head);
 }
 

@@ -15,7 +15,6 @@ def wrap(obj, name, label):
     setattr(obj, name, g)
 wrap(L, "run_stack", "stack"); wrap(e.target, "greedy_tokens", "greedy"); wrap(e.target, "finish", "finish")
 gh = e.target.prepare_greedy_head()
-wrap(torch.ops.dflash_trt, "bi_greedy_screen", "screen_op")
 from dflash_trt.plugins import invariant as bi
 wrap(bi, "linear", "bi.linear")
 wrap(e.scheduler, "schedule", "schedule"); wrap(e.scheduler, "postprocess", "postprocess"); wrap(e, "verifier", "verify")
