@@ -97,6 +97,8 @@ class Scheduler:
         k = self.policy.begin_iteration(len(decoding)) if self.policy is not None else 0
         if k and self.policy.quiet_iteration(decoding, k, self.cfg.max_seq_len):
             k = 0
+        if k:
+            self.policy.plan(decoding, k, self.cfg.max_seq_len)
         for seq in list(self.running):
             if seq.in_prefill or seq not in self.running or budget < 1:
                 continue

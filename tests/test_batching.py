@@ -126,8 +126,10 @@ def test_lossless_under_load_with_chunking_and_preemption(pair, spec):
     assert sum(i["partial"] for i in its) > 0 and any(i["prefill"] and i["decode"] for i in its)
     assert all(i["target"] == 1 and i["drafter"] <= 1 for i in its)  # one pass each, whatever the batch
     # a cache of 48 pages of 4 positions: preemption (recompute)
+    # whole drafter blocks: a trimmed block's drafts follow the longest draft of its batch, and the drafts are
+    # compared with each request's alone below
     small = LLM(target=t, draft=d if spec else None, speculative=spec, max_num_tokens=64, max_batch_size=32,
-                draft_len_policy="fixed", trace=True,
+                draft_len_policy="fixed", trace=True, trim_draft_block=False,
                 page_size=4, max_seq_len=128, kv_cache_bytes=_bytes_for(t, d if spec else None, pages=48, page=4))
     assert small.engine.blocks.num_blocks == 48
     probe = Probe(small.engine)
@@ -150,7 +152,7 @@ def test_drafts_cut_where_the_drafter_doubts_stay_lossless_under_load(pair):
     ar = LLM(target=t, speculative=False)
     alone = [ar.generate([p], sp)[0].token_ids for p, sp, _ in reqs]
     cut = LLM(target=t, draft=d, draft_len_policy="fixed", min_draft_confidence=0.2, max_num_tokens=24,
-              max_batch_size=8, page_size=4, max_seq_len=160)
+              max_batch_size=8, page_size=4, max_seq_len=160, trim_draft_block=False)  # drafts compared below
     probe = Probe(cut.engine)
     seqs = run_with_arrivals(cut, reqs)
     assert outputs(seqs) == alone

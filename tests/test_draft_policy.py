@@ -189,7 +189,7 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     assert c.row >= 0 and c.drafter(1) > 0.1 and c.draft_row >= 0, c
     # the curves' points: target passes over 1 decode row, one verify block of K + 1 = 4 rows, 16 decode rows and
     # 8 requests' verify blocks, drafter passes for 1, 4 and 16 requests, costs never falling
-    assert [n for n, _ in c.curve] == [1, 4, 16, 32] and [n for n, _ in c.draft_curve] == [1, 4, 16], c
+    assert [n for n, _ in c.curve] == [1, 4, 8, 12, 16, 32] and [n for n, _ in c.draft_curve] == [1, 4, 16], c
     assert c.curve[0][1] >= 1 and all(a[1] <= b[1] for a, b in zip(c.curve, c.curve[1:])), c
     assert c.target(1) == pytest.approx(c.curve[0][1]) and c.drafter(16) == pytest.approx(c.draft_curve[-1][1])
     assert eng.blocks.num_free == eng.blocks.num_blocks
@@ -311,6 +311,8 @@ def test_a_quiet_iteration_counts_and_chooses_as_pricing_every_request_would():
             k = pol.begin_iteration(len(batch))
             if shortcut and k and pol.quiet_iteration(batch, k, 4096):
                 k, quiet = 0, quiet + 1
+            if k:
+                pol.plan(batch, k, 4096)
             step = [pol.draft_len(s, k, len(batch), 4096) if k else 0 for s in batch]
             for s, kk in zip(batch, step):
                 if kk:

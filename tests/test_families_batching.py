@@ -88,7 +88,7 @@ def test_lossless_under_load_with_chunking_and_preemption(pairs, name):
     assert all(i["target"] == 1 and i["drafter"] <= 1 for i in its)
     # a 40-page main pool: preemption and recompute, through the window pool too
     small_cfg = dict(max_num_tokens=64, max_batch_size=16, page_size=PAGE, max_seq_len=128)
-    small = LLM(target=t, draft=d, draft_len_policy="fixed", **small_cfg,
+    small = LLM(target=t, draft=d, draft_len_policy="fixed", trim_draft_block=False, **small_cfg,  # drafts compared
                 kv_cache_bytes=main_block_budget(t, d, 40, **small_cfg))
     assert small.engine.blocks.main.num_blocks == 40
     probe = Probe(small.engine)

@@ -31,8 +31,10 @@ def shared_prefix_workload(n=32, seed=0):
 
 
 def _engine(t, d, caching, **kw):
+    # whole drafter blocks: the drafts are compared, and a trimmed block's follow the longest draft of its batch
     return LLM(target=t, draft=d, speculative=d is not None, draft_len_policy="fixed", page_size=PAGE,
-               max_num_tokens=48, max_batch_size=8, max_seq_len=96, enable_prefix_caching=caching, **kw)
+               max_num_tokens=48, max_batch_size=8, max_seq_len=96, enable_prefix_caching=caching,
+               trim_draft_block=False, **kw)
 
 
 @pytest.mark.parametrize("spec", [True, False])

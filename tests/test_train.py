@@ -278,7 +278,8 @@ def check_decode_walk(t: str, d: str, prompts: list[list[int]], tmp_path, k: int
     from dflash_trt.loader import ModelPaths, load_models
     from dflash_trt.models.draft import DFlashDrafter
 
-    llm = LLM(target=t, draft=d, draft_len_policy="fixed", draft_len_schedule={1: k})
+    # whole drafter blocks, as training evaluates them (a trimmed batch's blocks end after the longest draft)
+    llm = LLM(target=t, draft=d, draft_len_policy="fixed", draft_len_schedule={1: k}, trim_draft_block=False)
     probe = Probe(llm.engine)
     sp = SamplingParams(max_tokens=n_out, ignore_eos=True)
     seqs = [llm.engine.add_request(p, sp) for p in prompts]

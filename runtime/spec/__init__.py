@@ -28,7 +28,8 @@ def make_proposer(cfg: SpecConfig, target, drafter, draft_caches, page_size: int
             from .dflash2 import DFlash2Proposer
             return DFlash2Proposer(drafter, target, draft_caches, page_size, device, ops)
         from .dflash import DFlashProposer
-        return DFlashProposer(drafter, target, draft_caches, page_size, device, ops, scratch)
+        trim = str(device).startswith("cpu") if cfg.trim_draft_block is None else cfg.trim_draft_block
+        return DFlashProposer(drafter, target, draft_caches, page_size, device, ops, scratch, trim)
     if cfg.method == "ngram":
         from .ngram import NGramProposer
         return NGramProposer(cfg.ngram_max, cfg.ngram_min, NGRAM_DEFAULT_K)

@@ -10,10 +10,14 @@ runs every point within a fraction of a second, so a busy (or a fast) spell of a
 together and their ratios little, where the fastest try of each point apart mixed spells and moved the curve by
 20-50% from one engine start to the next:
 
-    target pass: 1 request decoding (1 row), 1 request verifying K drafts (K+1 rows), 16 requests decoding
-                 (16 rows), and 8 requests verifying K drafts each (8 (K+1) rows: what a loaded batch
-                 verifies, query blocks and all; beyond it the curve goes on with that last slope)
-    drafter pass: for 1, 4 and 16 requests (each including writing the K+1 context rows its last step committed)
+    target pass: 1 request decoding (1 row), 1 request verifying K and 2K+1 drafts (K+1 and 2 (K+1) rows),
+                 3 requests verifying K drafts each (3 (K+1) rows), 16 requests decoding (16 rows), and 8
+                 requests verifying K drafts each (8 (K+1) rows: what a loaded batch verifies, query blocks
+                 and all; beyond it the curve goes on with that last slope). The kernels' row tiles keep a
+                 pass's cost nearly flat up to some rows and then step it up, so a line from K+1 rows straight
+                 to 16 misprices every batch in between (a few requests verifying a short K most)
+    drafter pass: for 1, 4 and 16 requests (each including writing the K+1 context rows its last step committed;
+                  with a trimming proposer, K+1 block rows each, and the curve is read in those units)
 
 The returned figures are in units of a pass's fixed cost (the 1..16-row line's value at 0 rows): `row`, `draft`
 and `draft_row` are those straight lines, `curve` and `draft_curve` the measured points.
@@ -88,8 +92,12 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     def decode(group):
         runner.run([Scheduled(s, 1, 0, False) for s in group], {})
 
-    def verify(group):
-        runner.run([Scheduled(s, k + 1, k, False) for s in group], {s.seq_id: [token_id] * k for s in group})
+    def verify(group, drafts: int = k):
+        runner.run([Scheduled(s, drafts + 1, drafts, False) for s in group],
+                   {s.seq_id: [token_id] * drafts for s in group})
+
+    def verify_long(group):  # a lone request's longer block
+        verify(group, 2 * k + 1)
 
     def draft(group):  # what a drafting request adds to a step: its last K+1 rows' context, then the drafter
         for s in group:
@@ -105,21 +113,24 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     # name: (what runs, requests, target rows)
     # a pass's cost follows its requests as well as its rows (each has its own attention and bookkeeping), so
     # each point is measured as the policy uses it: one request verifying K drafts is the batch-of-one choice
-    runs = {"one": (decode, 1, 1), "block": (verify, 1, k + 1), "wide": (decode, N, N),
-            "verify": (verify, VERIFY, VERIFY * (k + 1))}
+    runs = {"one": (decode, 1, 1), "block": (verify, 1, k + 1), "long": (verify_long, 1, 2 * (k + 1)),
+            "trio": (verify, 3, 3 * (k + 1)), "wide": (decode, N, N), "verify": (verify, VERIFY, VERIFY * (k + 1))}
     if proposer.pass_cost:  # drafter passes: no target rows
         runs.update(d_one=(draft, 1, 0), d_mid=(draft, MID, 0), d_wide=(draft, N, 0))
     try:
         for _ in range(N):
-            s = Sequence([token_id] * CONTEXT, SamplingParams(max_tokens=k + 1, seed=0))
+            s = Sequence([token_id] * CONTEXT, SamplingParams(max_tokens=2 * (k + 1), seed=0))
             s.token_ids.append(token_id)  # one output token: the next step is a decode step
-            if not blocks.can_grow(s, CONTEXT + k + 1):
+            if not blocks.can_grow(s, CONTEXT + 2 * (k + 1)):
                 return None
-            blocks.grow(s, CONTEXT + k + 1)
+            blocks.grow(s, CONTEXT + 2 * (k + 1))
             seqs.append(s)
         rounds = _timed_rounds({name: (fn, seqs[:n]) for name, (fn, n, _) in runs.items()}, tries)
     finally:
         for s in seqs:
             blocks.release(s)
             proposer.release(s)
-    return _median([_costs(t, runs, proposer.pass_cost) for t in rounds])
+    out = _median([_costs(t, runs, proposer.pass_cost) for t in rounds])
+    if proposer.pass_cost and getattr(proposer, "trim", False):
+        out["draft_rows"] = k + 1  # the passes above had 1 + K rows per request
+    return out

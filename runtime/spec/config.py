@@ -26,6 +26,10 @@ class SpecConfig:
     # the adaptive policy, where a verify row costs ~7% of a step; 0 (off) on GPUs, where rows are nearly free,
     # and with the fixed policy (exactly K drafts, as TensorRT-LLM). DFlash only, not under tensor parallelism.
     min_draft_confidence: float | None = None
+    # a drafter pass over each request's bonus row and one MASK row per draft (the longest draft's) instead of the
+    # whole block (DFlashProposer.block_rows). Default: on a CPU, where a pass costs its rows; off on GPUs, where
+    # rows are nearly free and the whole block drafts a little better
+    trim_draft_block: bool | None = None
     # the cost model's row / draft / draft_row (spec/policy.py); default: measured at engine start
     step_costs: dict | None = None
     # n-gram proposer: the longest and shortest suffix matched against the request's earlier tokens

@@ -41,8 +41,9 @@ class DFlashProposer(Proposer):
     PARKED_BYTES = 64 << 20  # features finished requests owe cached blocks, all requests together
 
     def __init__(self, drafter: DFlashDrafter, target, caches, page_size: int, device, ops=None,
-                 scratch: tuple[int, int] = (0, 0)):
+                 scratch: tuple[int, int] = (0, 0), trim: bool = False):
         self.drafter, self.target, self.caches = drafter, target, caches
+        self.trim = trim  # block_rows: only the rows the longest draft needs
         # drafter cache rows outside every block table, where a fused CPU pass writes its blocks' K/V
         self.scratch = torch.arange(scratch[0], sum(scratch), device=device) if scratch[1] else None
         self.page, self.device, self.ops = page_size, torch.device(device), ops
@@ -69,6 +70,16 @@ class DFlashProposer(Proposer):
         bt = torch.tensor(table, dtype=torch.int64)
         return (bt[pos // self.page] * self.page + pos % self.page).to(self.device)
 
+    def block_rows(self, work) -> int:
+        """Rows of each request's block in this pass: the drafter's block, or with `trim`, where several requests
+        draft, the bonus row and one MASK row per draft of the longest draft asked for. A pass of several blocks
+        costs its rows where they are not free (a CPU), and a block cut after the last row a draft is read from
+        drafts nearly as well: its rows still attend to the whole context and to each other, only the MASK rows
+        past the last draft are missing."""
+        if not self.trim or len(work) < 2:  # one request's block: its rows cost next to nothing on the weights' stream
+            return self.block_size
+        return min(self.block_size, 1 + max(w.draft_len for w in work))
+
     def pending_rows(self, seq_id: int) -> int:
         q = self.pending.get(seq_id)
         return q.rows if q is not None else 0
@@ -79,8 +90,8 @@ class DFlashProposer(Proposer):
         if not work:
             return Proposal()
         self.write_context([w.seq.seq_id for w in work])  # their whole context before the drafter reads it
-        ids_t, pos_t, slices = self._blocks(work)
-        d, b = self.drafter, self.block_size
+        d, b = self.drafter, self.block_rows(work)
+        ids_t, pos_t, slices = self._blocks(work, b)
         hidden = d(self.target.embed(ids_t), pos_t, self.caches, slices, self.scratch)
         rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
                             device=self.device)
@@ -102,9 +113,9 @@ class DFlashProposer(Proposer):
         out.confidence = confidence
         return out
 
-    def _blocks(self, work):
+    def _blocks(self, work, b: int):
         """[bonus, MASK x (b-1)] per request at positions start..start+b-1, and each one's context slots."""
-        d, b = self.drafter, self.block_size
+        d = self.drafter
         starts = [w.seq.num_computed for w in work]
         if self.ops is not None:
             width = max(len(w.seq.block_table) for w in work)

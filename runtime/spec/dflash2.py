@@ -35,8 +35,8 @@ class DFlash2Proposer(DFlashProposer):
         if not work:
             return Proposal()
         self.write_context([w.seq.seq_id for w in work])
-        ids_t, pos_t, slices = self._blocks(work)
-        d, b = self.drafter, self.block_size
+        d, b = self.drafter, self.block_size  # whole blocks: trimming is measured for DFlash drafters only
+        ids_t, pos_t, slices = self._blocks(work, b)
         hidden = d(self.target.embed(ids_t), pos_t, self.caches, slices)
         flat = [i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)]
         head_rows = hidden.index_select(0, torch.tensor(flat, device=self.device))

@@ -10,7 +10,7 @@ The adaptive rule: the K that maximises committed tokens per unit of time.
 A request's drafts are accepted position by position with some probability p (estimated from its own history,
 starting from the engine-wide rate), so K drafts commit E(K) = 1 + p + ... + p^K tokens per step. What a step
 costs depends on the machine and the load: a target pass over n rows costs T(n), and drafting for B requests
-adds a drafter pass D(B). Autoregressive decoding of the same batch B commits 1 token per request for T(B), so
+adds a drafter pass D(B) (D(B, K) where the pass has only the rows K drafts need: DFlashProposer.block_rows). Autoregressive decoding of the same batch B commits 1 token per request for T(B), so
 a request drafts K > 0 only when E(K) / (T(B (K+1)) + D(B)) beats 1 / T(B): DFlash never runs where it would be
 slower than plain decoding.
 
@@ -70,6 +70,11 @@ class StepCosts:
     # (a pass's fixed cost); where given they replace the straight lines above
     curve: tuple = ()
     draft_curve: tuple = ()
+    # rows per request of the measured drafter passes of several requests when such a pass has only the rows
+    # its drafts need (the proposer's trim: 1 + K); D of two or more requests then follows their rows, read at
+    # requests * (1 + K) / draft_rows (a trimmed pass costs what its rows cost, whichever requests they are
+    # of). 0: whole blocks, whatever K
+    draft_rows: int = 0
 
     def __post_init__(self):
         self.curve = monotone_curve(self.curve) if len(self.curve) >= 2 else ()
@@ -79,12 +84,13 @@ class StepCosts:
         """T(rows): one target pass over `rows` rows."""
         return piecewise(self.curve, rows) if self.curve else 1.0 + self.row * rows
 
-    def drafter(self, requests: int) -> float:
-        """D(requests): one drafter pass drafting for `requests` requests (0 when nothing drafts)."""
+    def drafter(self, requests: int, k: int = 0) -> float:
+        """D(requests, K): one drafter pass drafting K tokens for each of `requests` requests (0 when nothing
+        drafts)."""
         if requests <= 0:
             return 0.0
-        return max(piecewise(self.draft_curve, requests), 0.0) if self.draft_curve else \
-            self.draft + self.draft_row * requests
+        x = requests * (1 + k) / self.draft_rows if self.draft_rows and k > 0 and requests > 1 else requests
+        return max(piecewise(self.draft_curve, x), 0.0) if self.draft_curve else self.draft + self.draft_row * x
 
     @classmethod
     def for_device(cls, device: str, override: dict | None = None) -> "StepCosts":
@@ -109,7 +115,7 @@ MARGIN = 0.05
 
 def draft_rate(p: float, k: int, batch: int, costs: StepCosts) -> float:
     """Committed tokens per request per unit time when `batch` requests each draft K (> 0) at acceptance p."""
-    return expected_tokens(p, k) / (costs.target(batch * (k + 1)) + costs.drafter(batch))
+    return expected_tokens(p, k) / (costs.target(batch * (k + 1)) + costs.drafter(batch, k))
 
 
 def pays(p: float, k: int, batch: int, costs: StepCosts, margin: float = 0.0) -> bool:
@@ -132,6 +138,23 @@ def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts, margin: f
 # the embedded pair's held-out records (benchmarks/draft_confidence.py; benchmarks/results/2026-11-30-session6/
 # draft_confidence_heldout.txt): speed is flat from 0.3 to 0.5, 3% above the best fixed K
 CPU_MIN_CONFIDENCE = 0.4
+
+
+def batch_draft_len(ps: list[float], caps: list[int], others: int, k_max: int, costs: StepCosts,
+                    margin: float = 0.0) -> int:
+    """The one K (0..k_max) that the requests of a batch which may draft (acceptance estimates `ps`, at most
+    `caps` drafts each) all draft, beside `others` that cannot, with the most tokens per unit time for the whole
+    batch; K > 0 only when it beats autoregressive decoding of the batch by `margin`. At equal estimates and caps
+    it is best_draft_len's K."""
+    batch = len(ps) + others
+    best_k, best = 0, batch * (1.0 + margin) / costs.target(batch)
+    for k in range(1, k_max + 1):
+        ks = [min(k, c) for c in caps]
+        tokens = others + sum(expected_tokens(p, kk) for p, kk in zip(ps, ks))
+        rate = tokens / (costs.target(batch + sum(ks)) + costs.drafter(sum(kk > 0 for kk in ks), k))
+        if rate > best * (1.0 + 1e-9):
+            best_k, best = k, rate
+    return best_k
 
 
 def confident_prefixes(conf: list[float], lens: list[int], threshold: float) -> list[int]:
@@ -241,15 +264,19 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
             lo, hi = (lo, mid) if best_draft_len(mid, k_cap, batch, self.costs, margin) > 0 else (mid, hi)
         return lo
 
-    def choose(self, est: AcceptanceEstimate | None, k_cap: int, batch: int) -> int:
+    def choose(self, est: AcceptanceEstimate | None, k_cap: int, batch: int, planned: int | None = None) -> int:
+        """planned: the K the request's batch chose (SpecPolicy.plan), in place of the request's own pricing."""
         if self.mode == "fixed" or k_cap <= 0 or est is None:
             return k_cap
-        k = self.drafts_at(est.p, k_cap, batch, MARGIN)
-        # A request that gave up drafting resumes only when the K pays at the estimate's lower bound too. Else
-        # one landed probe lifts p over a thin gain (a batch whose verify rows cost), drafting resumes, the text
-        # goes on as before and the steps cost more than they commit, until p falls again.
-        if k > 0 and est.idle > 0 and not pays(est.p_low, k, batch, self.costs, MARGIN):
-            k = 0
+        if planned is not None:
+            k = min(planned, k_cap)
+        else:
+            k = self.drafts_at(est.p, k_cap, batch, MARGIN)
+            # A request that gave up drafting resumes only when the K pays at the estimate's lower bound too.
+            # Else one landed probe lifts p over a thin gain (a batch whose verify rows cost), drafting resumes,
+            # the text goes on as before and the steps cost more than they commit, until p falls again.
+            if k > 0 and est.idle > 0 and not pays(est.p_low, k, batch, self.costs, MARGIN):
+                k = 0
         if k > 0:
             est.idle = est.probe_gap = 0  # drafting pays again: a later give-up starts from short waits
             self.last_draft = self.iteration
@@ -289,6 +316,7 @@ class SpecPolicy:
                  supports_confidence: bool = True):
         self.cfg, self.max_draft_len, self.costs = cfg, max_draft_len, costs
         self.lengths = DraftLengthPolicy(cfg.draft_len_policy, costs)
+        self.planned: int | None = None  # this iteration's K, priced for the whole batch (plan); None: per request
         self.min_confidence = min_confidence_for(cfg, device, supports_confidence)
 
     @classmethod
@@ -310,6 +338,7 @@ class SpecPolicy:
         """The schedule's K for this iteration's batch of decoding requests; 0 where no K pays at this batch size
         even if every draft were accepted, so no request is priced (nor counts the iteration as idle)."""
         self.lengths.begin_iteration()
+        self.planned = None
         k = self.cfg.draft_len_for(num_decoding, self.max_draft_len) if self.max_draft_len else 0
         return k if k and self.lengths.pays_at_all(k, num_decoding) else 0
 
@@ -334,6 +363,27 @@ class SpecPolicy:
             est.idle += 1
         return True
 
+    def plan(self, decoding: list, k: int, max_seq_len: int) -> None:
+        """One K for every request of a batch of two or more that may draft, priced together over their estimates
+        (`batch_draft_len`), in place of each request's own pricing. Priced alone, each request pays for the
+        drafter pass as if it were the pass's only reason to run, and where acceptance sits near the break-even
+        the estimates scatter to either side of it: some requests stop drafting, the pass runs for the others
+        anyway, and the batch commits less than it would at any one K. Priced together, the pass's cost is
+        shared and the estimates' noise averages out. Every estimate is at or below the break-even
+        only when no K pays (the quiet iteration's shortcut stays exact): the batch's tokens grow with each."""
+        if not self.adaptive or len(decoding) < 2:
+            return
+        able, others = [], 0
+        for seq in decoding:
+            cap = self._cap(seq, k, max_seq_len) if seq.spec_enabled and seq.acceptance is not None else 0
+            if cap > 0:
+                able.append((seq.acceptance.p, cap))
+            else:
+                others += 1
+        if able:
+            self.planned = batch_draft_len([a[0] for a in able], [a[1] for a in able], others, k, self.costs,
+                                           MARGIN)
+
     def new_request(self, seq) -> None:
         if self.max_draft_len:
             seq.acceptance = self.lengths.new_estimate()
@@ -341,7 +391,7 @@ class SpecPolicy:
     def draft_len(self, seq, k_cap: int, batch: int, max_seq_len: int) -> int:
         if not self.max_draft_len or not seq.spec_enabled:
             return 0
-        return self.lengths.choose(seq.acceptance, self._cap(seq, k_cap, max_seq_len), batch)
+        return self.lengths.choose(seq.acceptance, self._cap(seq, k_cap, max_seq_len), batch, self.planned)
 
     @staticmethod
     def _cap(seq, k_cap: int, max_seq_len: int) -> int:
