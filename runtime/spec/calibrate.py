@@ -11,7 +11,7 @@ together and their ratios little, where the fastest try of each point apart mixe
 20-50% from one engine start to the next:
 
     target pass: 1 request decoding (1 row), 1 request verifying K and 2K+1 drafts (K+1 and 2 (K+1) rows),
-                 3 requests verifying K drafts each (3 (K+1) rows), 16 requests decoding (16 rows), and 8
+                 4 requests verifying K-1 drafts each (4 K rows), 16 requests decoding (16 rows), and 8
                  requests verifying K drafts each (8 (K+1) rows: what a loaded batch verifies, query blocks
                  and all; beyond it the curve goes on with that last slope). The kernels' row tiles keep a
                  pass's cost nearly flat up to some rows and then step it up, so a line from K+1 rows straight
@@ -35,7 +35,7 @@ from ..sequence import Sequence
 
 CONTEXT = 48  # cached positions of each scratch request (attention cost of a short chat turn)
 N = 16  # requests of the wide measurements (more rows: a difference well above the noise)
-MID = 4  # requests of the drafter's middle point
+MID = 4  # requests of the middle points (a drafter pass; a target pass verifying K-1 drafts each)
 VERIFY = 8  # requests of the verify point: past the CPU's turn to compute-bound, and half the start time of 16
 
 
@@ -99,6 +99,9 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     def verify_long(group):  # a lone request's longer block
         verify(group, 2 * k + 1)
 
+    def verify_short(group):  # a few requests' shorter blocks
+        verify(group, k - 1)
+
     def draft(group):  # what a drafting request adds to a step: its last K+1 rows' context, then the drafter
         for s in group:
             pos = torch.arange(CONTEXT - k - 1, CONTEXT)
@@ -114,7 +117,7 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     # a pass's cost follows its requests as well as its rows (each has its own attention and bookkeeping), so
     # each point is measured as the policy uses it: one request verifying K drafts is the batch-of-one choice
     runs = {"one": (decode, 1, 1), "block": (verify, 1, k + 1), "long": (verify_long, 1, 2 * (k + 1)),
-            "trio": (verify, 3, 3 * (k + 1)), "wide": (decode, N, N), "verify": (verify, VERIFY, VERIFY * (k + 1))}
+            "few": (verify_short, MID, MID * k), "wide": (decode, N, N), "verify": (verify, VERIFY, VERIFY * (k + 1))}
     if proposer.pass_cost:  # drafter passes: no target rows
         runs.update(d_one=(draft, 1, 0), d_mid=(draft, MID, 0), d_wide=(draft, N, 0))
     try:
