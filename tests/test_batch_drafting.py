@@ -7,11 +7,10 @@ drafts one K. A trimmed pass must draft each request exactly as a lone pass over
 and output stays the target's whatever the rows (test_batching.py runs the default engine under load).
 """
 import pytest
-import torch
+from test_fused_drafter import pair  # noqa: F401  (the tiny dense pair, fused drafter and all)
 
-import tiny
-from dflash_trt import LLM, SamplingParams, ops
-from dflash_trt.spec.policy import (MARGIN, StepCosts, batch_draft_len, best_draft_len, expected_tokens)
+from dflash_trt import LLM, SamplingParams
+from dflash_trt.spec.policy import MARGIN, StepCosts, batch_draft_len, best_draft_len, expected_tokens
 
 # a CPU-like curve: rows nearly free up to a row tile of 12, then each costs
 COSTS = StepCosts(row=0.1, draft=0.25, draft_row=0.05,
@@ -91,16 +90,6 @@ def test_a_trimmed_drafter_pass_is_read_in_rows():
     assert lone.drafter(8, 7) == pytest.approx(1.8)  # 64 rows: the 16 x 4-row point
     whole = StepCosts(row=0.1, draft=0.25, draft_row=0.05, draft_curve=((1, 0.3), (4, 0.6), (16, 1.8)))
     assert whole.drafter(4, 1) == whole.drafter(4, 7) == pytest.approx(0.6)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    assert ops.enable_invariant(), "the batch-invariant kernels must build here"
-    root = tmp_path_factory.mktemp("batch_drafting")
-    t = tiny.make_target(str(root / "t"), kind="qwen3", head_dim=32, boost_tokens=(11,), boost=5.0)
-    d = tiny.make_drafter(str(root / "d"), t, layers=2, block_size=8, mask_token_id=tiny.mask_proposing(t, 11),
-                          residual_scale=0.3)
-    return t, d
 
 
 def test_a_trimmed_pass_drafts_each_request_as_a_lone_pass_over_its_rows(pair):

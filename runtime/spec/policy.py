@@ -10,9 +10,11 @@ The adaptive rule: the K that maximises committed tokens per unit of time.
 A request's drafts are accepted position by position with some probability p (estimated from its own history,
 starting from the engine-wide rate), so K drafts commit E(K) = 1 + p + ... + p^K tokens per step. What a step
 costs depends on the machine and the load: a target pass over n rows costs T(n), and drafting for B requests
-adds a drafter pass D(B) (D(B, K) where the pass has only the rows K drafts need: DFlashProposer.block_rows). Autoregressive decoding of the same batch B commits 1 token per request for T(B), so
-a request drafts K > 0 only when E(K) / (T(B (K+1)) + D(B)) beats 1 / T(B): DFlash never runs where it would be
-slower than plain decoding.
+adds a drafter pass D(B) (D(B, K) where the pass has only the rows K drafts need: DFlashProposer.block_rows).
+Autoregressive decoding of the same batch B commits 1 token per request for T(B), so a request drafts K > 0 only
+when E(K) / (T(B (K+1)) + D(B)) beats 1 / T(B): DFlash never runs where it would be slower than plain decoding.
+In a batch of two or more, the requests that may draft are priced together instead, and draft one K
+(`SpecPolicy.plan`, `batch_draft_len`).
 
 T is not a straight line on a CPU: a pass streams the weights once, so rows are nearly free while the matmuls
 are memory-bound and cost their full compute once they are not, a one-row pass may take a kernel path of its
@@ -369,8 +371,9 @@ class SpecPolicy:
         drafter pass as if it were the pass's only reason to run, and where acceptance sits near the break-even
         the estimates scatter to either side of it: some requests stop drafting, the pass runs for the others
         anyway, and the batch commits less than it would at any one K. Priced together, the pass's cost is
-        shared and the estimates' noise averages out. Every estimate is at or below the break-even
-        only when no K pays (the quiet iteration's shortcut stays exact): the batch's tokens grow with each."""
+        shared and the estimates' noise averages out. Where every estimate is at or below the break-even of
+        equal estimates, no K pays for the batch either (its tokens grow with each estimate), so the quiet
+        iteration's shortcut stays exact."""
         if not self.adaptive or len(decoding) < 2:
             return
         able, others = [], 0
