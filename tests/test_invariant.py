@@ -459,14 +459,28 @@ def test_attention_row_invariance(h, kvh, d):
 def test_attention_edge_cases():
     kc, vc, slots, offs = paged_layout([20], 1, 64, seed=130)
     q = _randn(3, 2, 64, seed=131)
-    # a row that belongs to no sequence is 0
+    # a row that belongs to no sequence is 0, after the sequences or before them
     out = attn(q, kc, vc, [(0, 2, 20)], slots, offs, 0.1)
     assert torch.count_nonzero(out[2]) == 0
+    for _ in range(3):  # outputs of rows the sequences tile are written, not zeroed first: reuse dirty memory
+        attn(_randn(3, 2, 64, seed=132) * 1e3, kc, vc, [(0, 3, 20)], slots, offs, 0.1)
+        out = attn(q, kc, vc, [(1, 2, 20)], slots, offs, 0.1)
+        assert torch.count_nonzero(out[0]) == 0 and torch.count_nonzero(out[1:]) == out[1:].numel()
     # one key: output is that value row
     out = attn(q[:1], kc, vc, [(0, 1, 1)], slots, offs, 0.1)
     assert torch.allclose(out[0], vc[slots[0]].expand(2, 64), atol=1e-6)
     with pytest.raises(RuntimeError):
         attn(q, kc, vc, [(0, 3, 2)], slots, offs, 0.1)  # q_len > kv_len
+
+
+def test_attention_reads_bf16_queries_as_their_exact_fp32_values():
+    """A bf16 model's queries go to the kernel as they are (each widened as it is loaded): the result is bit for
+    bit that of the same queries widened first, rounded to bf16 once at the end."""
+    kc, vc, slots, offs = paged_layout([40, 9], 3, 64, seed=140, dtype=torch.bfloat16)
+    q = _randn(7, 6, 64, seed=141, dtype=torch.bfloat16)
+    seqs = [(0, 4, 40), (4, 3, 9)]
+    assert _same(attn(q, kc, vc, seqs, slots, offs, 0.125), attn(q.float(), kc, vc, seqs, slots, offs,
+                                                                  0.125).to(torch.bfloat16))
 
 
 def test_attention_args_are_the_per_sequence_slots():

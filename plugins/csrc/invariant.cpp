@@ -113,7 +113,8 @@ struct SiluParams {
 };
 
 struct AttnParams {
-  const float* q;      // [T, H, D] fp32 contiguous
+  const void* q;       // [T, H, D] contiguous, qt's dtype (bf16 widens exactly as it loads)
+  int qt;
   int64_t T, H, KVH, D;
   const void* kc;      // [S, KVH, D]
   const void* vc;
@@ -622,7 +623,7 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "bi_paged_attention: caches must be contiguous");
   int ct = dtype_code(k_cache, "k_cache");
   int ot = dtype_code(q, "q");
-  at::Tensor qf = q.to(at::kFloat).contiguous();
+  const at::Tensor qc = q.contiguous();
   auto as64 = [](const at::Tensor& t) { return t.to(at::kLong).contiguous(); };
   at::Tensor qs = as64(q_start), ql = as64(q_len), kl = as64(kv_len), ko = as64(kv_offsets), sl = as64(kv_slots);
   const int64_t B = qs.numel();
@@ -666,9 +667,17 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
           items.push_back((int32_t)std::min(qlp[b], r0 + RB));
         }
   }
-  at::Tensor out = at::zeros({T, H, D}, q.options());
+  // every query writes its output row when the sequences tile the rows in order (as a packed batch does:
+  // a sequence with rows has at least that many keys); otherwise rows no sequence owns stay zero
+  bool tiled = true;
+  for (int64_t b = 0, at_row = 0; b < B; at_row += qlp[b], ++b) {
+    tiled = tiled && qsp[b] == at_row;
+    if (b == B - 1) tiled = tiled && at_row + qlp[b] == T;
+  }
+  at::Tensor out = (tiled && B > 0) ? at::empty({T, H, D}, q.options()) : at::zeros({T, H, D}, q.options());
   AttnParams p{};
-  p.q = qf.data_ptr<float>();
+  p.q = qc.data_ptr();
+  p.qt = ot;
   p.T = T; p.H = H; p.KVH = KVH; p.D = D;
   p.kc = k_cache.data_ptr(); p.vc = v_cache.data_ptr(); p.ct = ct;
   p.slots = sl.data_ptr<int64_t>();
@@ -2169,7 +2178,9 @@ static void att_scores(const AttnParams& p, const int* dn, const int64_t* koff, 
                        float* const* sc, int64_t j0, V16 scale) {
   V16 qv[QS][NDV];
   for (int q = 0; q < QS; ++q)
-    for (int dv = 0; dv < NDV; ++dv) qv[q][dv] = ldk<false, FULL>(p.q, qoff[q] + dv * 16, dn[dv]);
+    for (int dv = 0; dv < NDV; ++dv)
+      qv[q][dv] = p.qt == bi::BF16 ? ldk<true, FULL>(p.q, qoff[q] + dv * 16, dn[dv])
+                                   : ldk<false, FULL>(p.q, qoff[q] + dv * 16, dn[dv]);
   V16 a[QS][16];
   for (int jj = 0; jj < 16; ++jj) {
     V16 acc[QS];

@@ -2,7 +2,7 @@ import torch, time, sys
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
 from dflash_trt.plugins import invariant as bi
 ops = bi._ops()
-T, H, KVH, D, L = 8, 9, 3, 64, 290
+T, H, KVH, D, L = 8, 9, 3, 64, int(sys.argv[2]) if len(sys.argv) > 2 else 290
 dt = torch.bfloat16
 q = torch.randn(T, H, D).to(dt)
 S = 512
