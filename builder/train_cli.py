@@ -355,10 +355,14 @@ def main(argv=None) -> int:
                           f"give a multiple of {launched_world()}")
     group = init_group(args.device, args.dist_timeout)
     try:
-        return _train(args, group)
-    finally:
+        rc = _train(args, group)
+    except BaseException:
         if group is not None:
             group.close()
+        raise
+    if group is not None:
+        group.close(together=True)
+    return rc
 
 
 def _train(args, group) -> int:

@@ -58,8 +58,13 @@ class Group:
         tdist.all_reduce(lo, op=tdist.ReduceOp.MIN)
         return torch.equal(hi, lo)
 
-    def close(self) -> None:
+    def close(self, together: bool = False) -> None:
+        """together: after a run every rank finished, wait for all of them first (a rank that tore its gloo group
+        down while another was still writing the export could abort at exit: "terminate called without an active
+        exception"); never after an error, where the others may not come."""
         if tdist.is_initialized():
+            if together:
+                tdist.barrier()
             tdist.destroy_process_group()
 
 
