@@ -126,14 +126,9 @@ def pays(p: float, k: int, batch: int, costs: StepCosts, margin: float = 0.0) ->
 
 
 def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts, margin: float = 0.0) -> int:
-    """The K in 0..k_max with the most tokens per unit time when `batch` requests decode together (K > 0 only
-    when it beats autoregressive decoding by `margin`)."""
-    best_k, best = 0, (1.0 + margin) / costs.target(batch)  # autoregressive: 1 token per request per step
-    for k in range(1, k_max + 1):
-        rate = draft_rate(p, k, batch, costs)
-        if rate > best * (1.0 + 1e-9):
-            best_k, best = k, rate
-    return best_k
+    """The K in 0..k_max with the most tokens per unit time when `batch` requests at acceptance p decode together
+    (K > 0 only when it beats autoregressive decoding by `margin`): batch_draft_len at equal estimates."""
+    return batch_draft_len([p] * batch, [k_max] * batch, 0, k_max, costs, margin)
 
 
 # the drafter probability below which a draft (past the first) is not worth its verify row on a CPU: chosen on
@@ -146,14 +141,17 @@ def batch_draft_len(ps: list[float], caps: list[int], others: int, k_max: int, c
                     margin: float = 0.0) -> int:
     """The one K (0..k_max) that the requests of a batch which may draft (acceptance estimates `ps`, at most
     `caps` drafts each) all draft, beside `others` that cannot, with the most tokens per unit time for the whole
-    batch; K > 0 only when it beats autoregressive decoding of the batch by `margin`. At equal estimates and caps
-    it is best_draft_len's K."""
+    batch; K > 0 only when it beats autoregressive decoding of the batch by `margin`."""
     batch = len(ps) + others
     best_k, best = 0, batch * (1.0 + margin) / costs.target(batch)
     for k in range(1, k_max + 1):
-        ks = [min(k, c) for c in caps]
-        tokens = others + sum(expected_tokens(p, kk) for p, kk in zip(ps, ks))
-        rate = tokens / (costs.target(batch + sum(ks)) + costs.drafter(sum(kk > 0 for kk in ks), k))
+        tokens, rows, drafting = float(others), batch, 0
+        for p, cap in zip(ps, caps):
+            kk = min(k, cap)
+            tokens += expected_tokens(p, kk)
+            rows += kk
+            drafting += kk > 0
+        rate = tokens / (costs.target(rows) + costs.drafter(drafting, k))
         if rate > best * (1.0 + 1e-9):
             best_k, best = k, rate
     return best_k
