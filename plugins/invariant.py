@@ -85,6 +85,9 @@ def _register_fakes() -> None:
     reg("bi_add_rms_norm", lambda x, residual, weight, eps: (
         x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype)), x.new_empty(x.shape)))
     reg("bi_silu_mul", lambda gate, up: gate.new_empty(gate.shape))
+    reg("bi_head_argmax", lambda x, packed, n, wscale, ids, confidence: (
+        x.new_empty((x.shape[0],), dtype=torch.int64), x.new_empty((x.shape[0] if confidence else 0,),
+                                                                   dtype=torch.float32)))
     reg("bi_paged_attention", lambda q, k_cache, v_cache, q_start, q_len, kv_len, kv_slots, kv_offsets, scale,
         causal=True: q.new_empty(q.shape))
 
@@ -270,6 +273,18 @@ def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: Pac
     the caller must compute the logits."""
     return binding("bi_greedy_head")(x, pairs, out_idx, screen.data, screen.n, screen.scale, chunks, wo, g, g_max,
                                      gap_rel, head.data, max_candidates)
+
+
+def head_argmax(x: torch.Tensor, head: PackedLinear, ids: torch.Tensor | None = None,
+                confidence: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(torch.argmax(logits, -1) mapped through ids (int64 token ids, one per head row) when given, and with
+    confidence each row's softmax probability of it, else None) for logits = linear(x, head), in one op."""
+    tokens, conf = binding("bi_head_argmax")(x, head.data, head.n, head.scale, _NO_IDS if ids is None else ids,
+                                             confidence)
+    return tokens, conf if confidence else None
+
+
+_NO_IDS = torch.empty(0, dtype=torch.int64)
 
 
 def linear_partial(x: torch.Tensor, packed: PackedLinear, chunk_begin: int, chunk_end: int,

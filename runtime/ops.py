@@ -54,6 +54,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def head_argmax(x: torch.Tensor, packed, ids: torch.Tensor | None = None, confidence: bool = False):
+    """(argmax(linear(x, packed), -1) through ids, and with confidence its softmax probability, else None), in
+    one op of the batch-invariant CPU kernels."""
+    return _bi.head_argmax(x, packed, ids, confidence)
+
+
 E4M3_MAX = 448.0
 
 

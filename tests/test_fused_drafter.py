@@ -84,3 +84,49 @@ def test_scratch_over_the_context_would_be_caught(pair):
     """... and one whose block K/V land on cached context rows."""
     _, count, moved, _ = passes(pair, "float32", scratch_at=0)
     assert count >= 5 and moved
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_context_kv_in_one_call_writes_the_layers_own_bits(pair, dtype):
+    """write_context projects every drafter layer's context K/V in one kernel call (`context_kv`, the context
+    rows being every layer's input): the caches it writes are bit for bit those of each layer's own k and v
+    calls, and a layer whose k weight is replaced afterwards is noticed (the fusion is rebuilt from it)."""
+    import dataclasses
+
+    t, d = pair
+    eng = LLM(target=t, draft=d, dtype=dtype, draft_weights="auto").engine
+    dr, caches = eng.proposer.drafter, eng.proposer.caches
+    assert dr.context_kv is not None
+    g = torch.Generator().manual_seed(3)
+    feats = torch.randn(5, dr.fc.weight.shape[1], generator=g).to(dr.fc.weight.dtype)
+    pos, slots = torch.arange(10, 15), torch.arange(40, 45)
+
+    def written(fused: bool):
+        for layer in caches:
+            for c in layer:
+                c.zero_()
+        saved, calls = dr.context_kv, []
+        if not fused:
+            dr.context_kv = None
+        else:
+            real = dr._context_kv
+            dr._context_kv = lambda c: calls.append(1) or real(c)
+        try:
+            dr.write_context(feats, pos, slots, caches)
+        finally:
+            dr.context_kv = saved
+            dr.__dict__.pop("_context_kv", None)
+        assert calls == ([1] if fused else [])
+        return [c.clone() for layer in caches for c in layer]
+
+    def same(a, b):
+        return all(torch.equal(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
+                               y.view(torch.int16 if y.element_size() == 2 else torch.int32)) for x, y in zip(a, b))
+
+    one = written(True)
+    assert any(c.abs().sum() > 0 for c in one)
+    assert same(one, written(False))
+    k = dr.layers[1].self_attn.k_proj  # another weight of the same format: its columns in another order
+    k.packed = dataclasses.replace(k.packed, data=k.packed.data.flip(-1).contiguous())
+    moved = written(True)
+    assert same(moved, written(False)) and not same(moved, one)

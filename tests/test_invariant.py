@@ -483,6 +483,50 @@ def test_attention_reads_bf16_queries_as_their_exact_fp32_values():
                                                                   0.125).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("kind,xdtype", [(torch.float32, torch.float32), (PAIRS, torch.bfloat16),
+                                         ("w8a8", torch.bfloat16)])
+def test_head_argmax_is_torch_argmax_of_the_heads_logits(kind, xdtype):
+    """head_argmax: each row's torch.argmax of linear(x, head) (ties: the first index; a NaN wins), mapped
+    through the token ids, and with confidence the softmax probability of the maximum; every ISA path gives the
+    same tokens and the same confidence bits."""
+    n, k = 1000 + 37, 64  # a tail past the 16-lane blocks
+    w = _randn(n, k, seed=150)
+    packed = bi.pack_linear_w8a8(w) if kind == "w8a8" else _pack(w, kind)
+    x = _randn(6, k, seed=151, dtype=xdtype)
+    x[1] = 0  # every logit 0: a tie over the whole row, won by index 0
+    ids = torch.randperm(n, generator=_gen(152)) + 5
+    logits = bi.linear(x, packed).float()
+    results = {}
+    for name in _isas():
+        bi.set_isa(name)
+        results[name] = bi.head_argmax(x, packed, ids, confidence=True)
+    bi.set_isa("auto")
+    toks, conf = next(iter(results.values()))
+    assert torch.equal(toks, ids[logits.argmax(-1)])
+    p = torch.softmax(logits.double(), -1).max(-1).values
+    assert torch.allclose(conf.double(), p, rtol=1e-5, atol=0)
+    for t2, c2 in results.values():
+        assert torch.equal(t2, toks) and _same(c2, conf)
+    plain, none = bi.head_argmax(x, packed)
+    assert torch.equal(plain, logits.argmax(-1)) and none is None
+    # ties, the tail lanes and NaN, on the argmax pass alone: an identity head gives x back as the logits, and
+    # NaN head rows give every row NaN logits in their columns
+    eye = torch.eye(64)
+    y = torch.randn(3, 64, generator=_gen(153))
+    y[0, 12] = y[0, 9] = y[0].abs().max() + 1  # tie within one 16-lane block: index 9
+    y[1, 63] = 1e30  # the maximum in the last lanes
+    y[2] = -float("inf")
+    nan_eye = eye.clone()
+    nan_eye[50], nan_eye[20] = float("nan"), float("nan")
+    for name in _isas():
+        bi.set_isa(name)
+        got, c = bi.head_argmax(y, _pack(eye, torch.float32), confidence=True)
+        assert got.tolist() == [9, 63, 0] and c[1] == 1.0, name
+        got, c = bi.head_argmax(y[:2], _pack(nan_eye, torch.float32), confidence=True)
+        assert got.tolist() == [20, 20] and bool(c.isnan().all()), name
+    bi.set_isa("auto")
+
+
 def test_attention_args_are_the_per_sequence_slots():
     """attention_args (AttentionBatch.build's kernel arguments in one op) against the slots written out per
     sequence from its block table: decode rows, a verify block, a prefill chunk, a block boundary, q_len 0."""

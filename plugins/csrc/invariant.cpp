@@ -149,6 +149,10 @@ struct Kernels {
   // rows m < M and columns [v0, v1) of V
   void (*outlier_dots)(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0,
                        int64_t v1, float* o);
+  // torch.argmax of n floats (bf16 when bf): the first NaN if there is one, else the first maximum
+  int64_t (*row_argmax)(const void* a, int64_t n, bool bf);
+  // 1 / sum_j exp(a_j - m): the softmax probability of a maximum m of the n floats
+  float (*row_top_probability)(const void* a, int64_t n, bool bf, float m);
 };
 
 // the AVX2 W8A8 tile, for AVX-512 CPUs without VNNI
@@ -929,6 +933,39 @@ static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tens
   return out;
 }
 
+// Each row's greedy token under a packed head: the logits from the head's own kernel (rounded to x's dtype, as
+// linear() returns them), then torch.argmax's choice (the first NaN, else the first maximum), mapped through ids
+// (a draft vocabulary's token ids) when ids is not empty; with confidence, also the token's softmax probability
+// 1 / sum_j exp(l_j - l_max) (NaN where the row has a NaN). One op where a drafter's head took four to seven
+// (linear, widening, argmax or max, exp, sum, id lookup): right after the target's pass streamed every weight,
+// each op's first touch of its code and data costs more than its work.
+static std::tuple<at::Tensor, at::Tensor> bi_head_argmax(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                                                         const c10::optional<at::Tensor>& wscale,
+                                                         const at::Tensor& ids, bool confidence) {
+  TORCH_CHECK(x.dim() == 2 && n > 0, "bi_head_argmax: x must be [M, K] and the head non-empty");
+  TORCH_CHECK(ids.numel() == 0 || (ids.scalar_type() == at::kLong && ids.numel() >= n && ids.is_contiguous()),
+              "bi_head_argmax: ids must be empty or n contiguous int64 token ids");
+  const at::Tensor logits = bi_linear(x, packed, n, c10::nullopt, 1, wscale);
+  const bool bf = logits.scalar_type() == at::kBFloat16;
+  const int64_t M = logits.size(0), ld = logits.stride(0);
+  at::Tensor out = at::empty({M}, at::kLong);
+  at::Tensor conf = at::empty({confidence ? M : 0}, at::kFloat);
+  int64_t* o = out.data_ptr<int64_t>();
+  float* c = conf.data_ptr<float>();
+  const int64_t* id = ids.numel() ? ids.data_ptr<int64_t>() : nullptr;
+  const char* base = (const char*)logits.data_ptr();
+  for (int64_t m = 0; m < M; ++m) {
+    const void* row = base + m * ld * logits.element_size();
+    const int64_t j = K().row_argmax(row, n, bf);
+    o[m] = id ? id[j] : j;
+    if (confidence) {
+      const float best = bf ? static_cast<float>(((const at::BFloat16*)row)[j]) : ((const float*)row)[j];
+      c[m] = best != best ? best : K().row_top_probability(row, n, bf, best);
+    }
+  }
+  return {out, conf};
+}
+
 // ---- misc --------------------------------------------------------------------------------------------------
 
 static std::string bi_set_isa(const std::string& isa) {
@@ -961,6 +998,7 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
         &bi::bi_attention_args);
   m.def("bi_greedy_head(Tensor x, bool pairs, Tensor out_idx, Tensor screen, int screen_n, Tensor screen_scale, "
         "int chunks, Tensor wo, Tensor g, Tensor gm, float gap_rel, Tensor head, int max_candidates) -> Tensor");
+  m.def("bi_head_argmax(Tensor x, Tensor packed, int n, Tensor? wscale, Tensor ids, bool confidence) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
@@ -972,6 +1010,7 @@ TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
   m.impl("bi_paged_attention", &bi::bi_paged_attention);
   m.impl("bi_selftest_reduce", &bi::bi_selftest_reduce);
   m.impl("bi_greedy_head", &bi::bi_greedy_head);
+  m.impl("bi_head_argmax", &bi::bi_head_argmax);
 }
 
 #else  // ===================================== kernel body (one ISA per pass) =================================
@@ -2439,6 +2478,68 @@ static void at_least(const float* a, int64_t n, float t, std::vector<int64_t>& o
     if (a[v] >= t) out.push_back(v);
 }
 
+template <bool BF>
+static int64_t row_argmax_t(const void* a, int64_t n) {
+  float m = -INFINITY;
+  int64_t v = 0;
+  bool nan = false;
+#if BI_KERNEL_PASS == 1
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  __mmask16 un = 0;
+  for (; v + 16 <= n; v += 16) {
+    const __m512 s = ld<BF>(a, v).v;
+    un |= _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q);
+    mx = _mm512_max_ps(mx, s);
+  }
+  nan = un != 0;
+  m = _mm512_reduce_max_ps(mx);  // NaN lanes make it meaningless, and then it is not read
+#endif
+  for (int64_t i = v; i < n; ++i) {
+    const float x = BF ? u2f((uint32_t)((const uint16_t*)a)[i] << 16) : ((const float*)a)[i];
+    if (x != x) nan = true;
+    else if (x > m) m = x;
+  }
+  int64_t i = 0;
+#if BI_KERNEL_PASS == 1
+  const __m512 t = _mm512_set1_ps(m);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 s = ld<BF>(a, i).v;
+    const __mmask16 hit = nan ? _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(s, t, _CMP_EQ_OQ);
+    if (hit) return i + __builtin_ctz(hit);
+  }
+#endif
+  for (; i < n; ++i) {
+    const float x = BF ? u2f((uint32_t)((const uint16_t*)a)[i] << 16) : ((const float*)a)[i];
+    if (nan ? x != x : x == m) return i;
+  }
+  return 0;
+}
+
+static int64_t row_argmax(const void* a, int64_t n, bool bf) {
+  return bf ? row_argmax_t<true>(a, n) : row_argmax_t<false>(a, n);
+}
+
+template <bool BF>
+static float row_top_probability_t(const void* a, int64_t n, float m) {
+  const V16 mv = vset1(m);
+  V16 acc = vzero();
+  for (int64_t j = 0; j < n; j += 16) {
+    const int nb = (int)std::min<int64_t>(16, n - j);
+    V16 e = vexp(vsub(ld_n<BF>(a, j, nb), mv));
+    if (nb < 16) {  // the lanes past the end: exp(0 - m), zeroed through a masked round trip
+      float tmp[16];
+      vstore_n(tmp, e, nb);
+      e = vload_n(tmp, nb);
+    }
+    acc = vadd(acc, e);
+  }
+  return 1.0f / hsum(acc);
+}
+
+static float row_top_probability(const void* a, int64_t n, bool bf, float m) {
+  return bf ? row_top_probability_t<true>(a, n, m) : row_top_probability_t<false>(a, n, m);
+}
+
 // MG rows' products over columns [v0, v1): the rows share each weight load, and two chains per row (even and
 // odd j) keep the FMAs from waiting on each other (the bound takes the sums in any order)
 template <int MG>
@@ -2470,6 +2571,7 @@ static void outlier_dots(const float* xo, int64_t M, int64_t n_out, const float*
 }
 
 static const Kernels kTable = {kIsaName,      &linear_tile,     &norm_rows, &silu_rows, &attn_items,
-                               &selftest_reduce, &quantize_rows, &sum_max,   &at_least,  &outlier_dots};
+                               &selftest_reduce, &quantize_rows, &sum_max,   &at_least,  &outlier_dots,
+                               &row_argmax,      &row_top_probability};
 
 #endif  // BI_KERNEL_PASS

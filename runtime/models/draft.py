@@ -18,7 +18,7 @@ from ..errors import CheckpointError
 from ..rope import RotaryTable, apply_rope
 from .. import ops
 from ..attention import AttentionBatch
-from .target import MLP, FusableLayer, Linear, RMSNorm, fuse_layer, stack_state
+from .target import MLP, FusableLayer, FusedProjection, Linear, RMSNorm, fuse_layer, stack_state
 
 
 @dataclass
@@ -122,6 +122,7 @@ class DFlashDrafter(nn.Module):
         self.vocab_ids: torch.Tensor | None = None
         self.vocab_head: torch.Tensor | None = None
         self.vocab_packed = None
+        self.context_kv: FusedProjection | None = None  # set by fuse
 
     @property
     def block_size(self) -> int:
@@ -140,11 +141,13 @@ class DFlashDrafter(nn.Module):
             return
         c = self.project_context(feats.to(self.fc.weight.dtype))
         cos, sin = self.rotary(positions, c.dtype)
-        for layer, cache in zip(self.layers, caches):
+        kv = self._context_kv(c)
+        t = c.shape[0]
+        for i, (layer, cache) in enumerate(zip(self.layers, caches)):
             att = layer.self_attn
             if self.ops is not None:  # fused k_norm + RoPE + paged scatter (plugins/)
-                t = c.shape[0]
-                self.ops.context_append(att.k_proj(c).view(t, -1, att.head_dim), att.v_proj(c).view(t, -1, att.head_dim),
+                k, v = kv[2 * i:2 * i + 2] if kv else (att.k_proj(c), att.v_proj(c))
+                self.ops.context_append(k.view(t, -1, att.head_dim), v.view(t, -1, att.head_dim),
                                         att.k_norm.weight, cos, sin, slot_mapping, cache[0], cache[1], att.k_norm.eps)
                 continue
             k, v = att.kv(c, cos, sin)
@@ -154,9 +157,27 @@ class DFlashDrafter(nn.Module):
 
     def fuse(self) -> None:
         """After pack_linears: each layer's q/k/v and gate/up as one packed weight, and the layers marked for the
-        C++ layer op (a pass given cache scratch rows then runs all of them in one fused_decoder_stack)."""
+        C++ layer op (a pass given cache scratch rows then runs all of them in one fused_decoder_stack); and
+        every layer's k/v projections of the context rows as one more (`_context_kv`)."""
         for layer in self.layers:
             fuse_layer(layer, DraftAttention)
+        self.context_kv = FusedProjection.build(self._kv_members(), share=False)
+
+    def _kv_members(self) -> list:
+        return [p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)]
+
+    def _context_kv(self, c: torch.Tensor) -> list | None:
+        """Every layer's k and v projections of the context rows from one kernel call, or None (the layers'
+        own calls then). The context rows are the same input to all layers, and at the few rows a step commits
+        a projection's cost is its call, not its arithmetic. The fusion holds a copy of the weights, since
+        k/v are already views of their layer's fused q/k/v."""
+        if self.context_kv is None or not ops._use_bi(c):
+            return None
+        if not self.context_kv.current():
+            self.context_kv = FusedProjection.build(self._kv_members(), share=False)
+            if self.context_kv is None:
+                return None
+        return self.context_kv(c)
 
     def forward(self, block_embeds, positions, caches, slices: list[DraftSlice],
                 scratch: torch.Tensor | None = None) -> torch.Tensor:
@@ -201,6 +222,10 @@ class DFlashDrafter(nn.Module):
         token under the drafter (over the draft vocabulary when there is one; not under tensor parallelism,
         whose head is split)."""
         if self.vocab_ids is not None:
+            if (self.cfg.output_multiplier == 1.0 and not self.cfg.final_logit_softcapping
+                    and self.vocab_packed is not None and ops._use_bi(hidden)):
+                tokens, conf = ops.head_argmax(hidden, self.vocab_packed, self.vocab_ids, confidence)
+                return (tokens, conf) if confidence else tokens
             logits = ops.linear(hidden, self.vocab_head, packed=self.vocab_packed).float()
             if self.cfg.output_multiplier != 1.0:
                 logits = logits * self.cfg.output_multiplier

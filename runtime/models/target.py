@@ -71,10 +71,12 @@ def pack_linears(model: nn.Module) -> None:
 class FusedProjection:
     """Linears reading the same input (q/k/v, gate/up) as one packed weight: one kernel call, each member's
     output a view of it, bitwise what the member computes alone (plugins/layer.py). The members keep working
-    on their own (their packed weights become views of the fused panels); a member whose weight is replaced
-    afterwards (FP8 re-packing, native FP8) is noticed by `current` and the fusion rebuilt or dropped."""
+    on their own (their packed weights become views of the fused panels, or with `share` False stay as they
+    are and the fusion holds a copy: a linear that is already a member of another fusion); a member whose weight
+    is replaced afterwards (FP8 re-packing, native FP8) is noticed by `current` and the fusion rebuilt or
+    dropped."""
 
-    def __init__(self, members: list[Linear], cat):
+    def __init__(self, members: list[Linear], cat, share: bool = True):
         from ..plugins import layer
 
         self.members = members
@@ -83,11 +85,13 @@ class FusedProjection:
         self.sizes = [m.packed.n for m in members]
         self.bias = layer.concat_bias([m.bias for m in members], self.sizes, self.cols, cat.packed.n)
         self.views = cat.views
-        for m, v in zip(members, cat.views):
-            m.packed = v
+        if share:
+            for m, v in zip(members, cat.views):
+                m.packed = v
+        self.sources = [m.packed for m in members]
 
     @staticmethod
-    def build(members: list[Linear]) -> "FusedProjection | None":
+    def build(members: list[Linear], share: bool = True) -> "FusedProjection | None":
         """None unless every member is a plain packed Linear of the batch-invariant kernels with the same
         bias presence (tensor-parallel and native-FP8 linears stay separate)."""
         if not ops.invariant_enabled() or any(type(m) is not Linear or m.fp8 is not None for m in members):
@@ -97,10 +101,10 @@ class FusedProjection:
         from ..plugins import layer
 
         cat = layer.concat_packed([m.packed for m in members])
-        return None if cat is None else FusedProjection(members, cat)
+        return None if cat is None else FusedProjection(members, cat, share)
 
     def current(self) -> bool:
-        return all(m.packed is v and m.fp8 is None for m, v in zip(self.members, self.views))
+        return all(m.packed is v and m.fp8 is None for m, v in zip(self.members, self.sources))
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         y = ops.linear(x, None, self.bias, self.packed, self.members[0].k_splits)

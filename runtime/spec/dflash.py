@@ -93,9 +93,12 @@ class DFlashProposer(Proposer):
         d, b = self.drafter, self.block_rows(work)
         ids_t, pos_t, slices = self._blocks(work, b)
         hidden = d(self.target.embed(ids_t), pos_t, self.caches, slices, self.scratch)
-        rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
-                            device=self.device)
-        head_rows = hidden.index_select(0, rows)
+        if len(work) == 1:  # its drafts' rows follow the bonus row: a view, no gather
+            head_rows = hidden[1:1 + work[0].draft_len]
+        else:
+            rows = torch.tensor([i * b + 1 + j for i, w in enumerate(work) for j in range(w.draft_len)],
+                                device=self.device)
+            head_rows = hidden.index_select(0, rows)
         conf = None
         if want_confidence and self.tp_head is None:
             toks, c = d.draft_tokens(head_rows, self.target.logits, confidence=True)
