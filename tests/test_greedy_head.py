@@ -173,3 +173,18 @@ def test_fp32_panels_and_the_models_weight_left_as_it_was(invariant_kernels):
             answered += 1
             assert torch.equal(got, bi.linear(x, packed).float().argmax(1)), i
     assert answered > 300
+
+
+@pytest.mark.parametrize("dtype,weights", [("float32", "auto"), ("bfloat16", "auto"), ("bfloat16", "w8a8")])
+def test_greedy_tokens_are_the_logits_argmax_past_the_screen(tmp_path, dtype, weights):
+    """Past the screen's rows, where it declines (not armed, a NaN row) and for heads it does not screen (8-bit
+    panels), greedy_tokens is the packed head's argmax in one op: exactly logits().argmax(-1)."""
+    t = tiny.make_target(str(tmp_path / "t"), hidden=128, vocab=512)
+    target = LLM(target=t, speculative=False, dtype=dtype, weights=weights).engine.target
+    g = torch.Generator().manual_seed(5)
+    for m in (1, 4, 5, 8, 12, 33):
+        h = (torch.randn(m, 128, generator=g) * 2).to(getattr(torch, dtype))
+        if m == 5:
+            h[2, 3] = float("nan")
+        got = target.greedy_tokens(h)
+        assert got is not None and torch.equal(got, target.logits(h).argmax(-1)), (dtype, weights, m)

@@ -337,18 +337,22 @@ class TargetModel(nn.Module):
         return ops.linear(hidden, self.head_weight, packed=self.head_packed).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Each row's argmax token, exactly `logits(hidden).argmax(-1)`, from the screened head
-        (runtime/greedy_head.py) where it pays: a few rows, the plain packed head of this class. None: compute
-        the logits (the rows then teach the screen its outlier dimensions)."""
+        """Each row's argmax token, exactly `logits(hidden).argmax(-1)`: from the screened head
+        (runtime/greedy_head.py) where it pays (a few rows; rows it declines teach it its outlier dimensions),
+        else from the packed head with the argmax in the same op. None: compute the logits (no batch-invariant
+        kernels or panels, tensor parallelism, a family's own logits)."""
         if not ops._use_bi(hidden):
             return None
         gh = self.prepare_greedy_head()
-        if gh is None or hidden.shape[0] > gh.max_rows:
+        if gh is not None and hidden.shape[0] <= gh.max_rows:
+            ids = gh.tokens(hidden)
+            if ids is not None:
+                return ids
+            if not gh.armed:
+                gh.observe(hidden)
+        if self.head_packed is None or type(self).logits is not TargetModel.logits or getattr(self, "tp", None):
             return None
-        ids = gh.tokens(hidden)
-        if ids is None:
-            gh.observe(hidden)
-        return ids
+        return ops.head_argmax(hidden, self.head_packed)[0]  # the same logits' argmax, in one op
 
     def prepare_greedy_head(self) -> GreedyHead | None:
         """The greedy screen of the head's current panels, made once (its int8 codes and norms); None where the
