@@ -37,10 +37,8 @@ OUTLIERS = 16  # dimensions multiplied in fp32 beside the codes
 ARM_ROWS = 64  # rows seen (through the full head) before the outlier dimensions are chosen
 MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
 # rows per call up to which the screen is used: past them the W8A8 pass and the bounds cost what the full head does
-# (docs/cpu_performance.md). A bf16 k-pair head's rows cost little more than one (vdpbf16ps): past 4 rows its full
-# pass with the argmax in the same op is cheaper than the screen's bounds.
+# (docs/cpu_performance.md)
 SCREEN_ROWS = 8
-SCREEN_ROWS_PAIRS = 4
 
 
 class GreedyHead:
@@ -57,7 +55,7 @@ class GreedyHead:
         kind = packed.data.dtype
         self.packed = packed
         self.pairs = kind == torch.int16  # bf16 k-pair panels: the kernel rounds x to bf16
-        self.max_rows = SCREEN_ROWS_PAIRS if self.pairs else SCREEN_ROWS
+        self.max_rows = SCREEN_ROWS
         # the values the head multiplies
         self.w = weight.detach().to(torch.bfloat16 if kind != torch.float32 else torch.float32)
         self.V, self.K = self.w.shape
