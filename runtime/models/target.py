@@ -348,8 +348,7 @@ class TargetModel(nn.Module):
             ids = gh.tokens(hidden)
             if ids is not None:
                 return ids
-            if not gh.armed:
-                gh.observe(hidden)
+            gh.observe(hidden)
         if self.head_packed is None or type(self).logits is not TargetModel.logits or getattr(self, "tp", None):
             return None
         return ops.head_argmax(hidden, self.head_packed)[0]  # the same logits' argmax, in one op
