@@ -474,10 +474,11 @@ def test_attention_edge_cases():
 
 
 def test_attention_reads_bf16_queries_as_their_exact_fp32_values():
-    """A bf16 model's queries go to the kernel as they are (each widened as it is loaded): the result is bit for
-    bit that of the same queries widened first, rounded to bf16 once at the end."""
-    kc, vc, slots, offs = paged_layout([40, 9], 3, 64, seed=140, dtype=torch.bfloat16)
-    q = _randn(7, 6, 64, seed=141, dtype=torch.bfloat16)
+    """A bf16 model's queries go to the kernel as they are (each widened as it is loaded): where the scores do not
+    come from k-pairs (D of 32 here), the result is bit for bit that of the same queries widened first, rounded
+    to bf16 once at the end."""
+    kc, vc, slots, offs = paged_layout([40, 9], 3, 32, seed=140, dtype=torch.bfloat16)
+    q = _randn(7, 6, 32, seed=141, dtype=torch.bfloat16)
     seqs = [(0, 4, 40), (4, 3, 9)]
     assert _same(attn(q, kc, vc, seqs, slots, offs, 0.125), attn(q.float(), kc, vc, seqs, slots, offs,
                                                                   0.125).to(torch.bfloat16))
@@ -525,6 +526,27 @@ def test_head_argmax_is_torch_argmax_of_the_heads_logits(kind, xdtype):
         got, c = bi.head_argmax(y[:2], _pack(nan_eye, torch.float32), confidence=True)
         assert got.tolist() == [20, 20] and bool(c.isnan().all()), name
     bi.set_isa("auto")
+
+
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+def test_bf16_scores_from_k_pairs_on_every_isa(d):
+    """A bf16 model's scores (bf16 queries and K/V, D of 64-512) come from k-pairs, the odd dim's product
+    then the even one's per lane (vdpbf16ps where the CPU has it, two fmas elsewhere): every ISA path gives the
+    same bits, and the result stays within rounding of SDPA (a D of 32 keeps the widened chain)."""
+    kc, vc, slots, offs = paged_layout([70, 33], 3, d, seed=160, dtype=torch.bfloat16)
+    q = _randn(9, 6, d, seed=161, dtype=torch.bfloat16)
+    seqs = [(0, 5, 70), (5, 4, 33)]
+    results = {}
+    for name in _isas():
+        bi.set_isa(name)
+        results[name] = attn(q, kc, vc, seqs, slots, offs, d ** -0.5)
+    bi.set_isa("auto")
+    base = next(iter(results.values()))
+    for name, r in results.items():
+        assert _same(r, base), name
+    ref = sdpa_ref(q.float(), kc.float(), vc.float(), seqs, slots, offs, d ** -0.5)
+    assert (base.float() - ref).abs().max() < 2e-2
+
 
 
 def test_attention_args_are_the_per_sequence_slots():

@@ -1769,6 +1769,10 @@ static void lin_kernel_dp(const LinParams& p, const void* xv, const void* w, int
   }
   lin_finish<MR, NP>(p, acc, acc_out, chunk_stride, done, m0, pn0);
 }
+// acc + the 16 k-pairs of q . those of k (their raw bits), odd dims first (vdpbf16ps), for att_scores_pairs
+BI_INLINE V16 dp_pairs(V16 acc, V16 q, V16 k) {
+  return {_mm512_dpbf16_ps(acc.v, (__m512bh)_mm512_castps_si512(q.v), (__m512bh)_mm512_castps_si512(k.v))};
+}
 #pragma GCC pop_options
 static bool cpu_dpbf16() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
@@ -2235,6 +2239,54 @@ static void att_scores(const AttnParams& p, const int* dn, const int64_t* koff, 
   for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
 }
 
+// A bf16 model's scores (bf16 queries, bf16 keys, D of 64, 128, 256 or 512) from k-pairs: lane l of a 32-dim slice
+// holds dims 2l and 2l + 1, and a score is one chain over the slices adding the odd dim's product, then the even
+// one's (each product of two bf16 is exact in fp32, so each step is one rounding: what vdpbf16ps computes, one
+// instruction per 32 multiply-adds where widened keys take two fmas and the widening), then hsum16 * scale. The
+// chain differs from att_scores' (it pairs dims, not slices), so which one runs is a function of the dtypes and D
+// alone, the same for every row of every batch. DP: vdpbf16ps (its one difference: subnormals flushed).
+#if BI_KERNEL_PASS == 1
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")  // for dp_pairs; the emulation (DP false) uses AVX-512F alone
+#else
+BI_INLINE V16 dp_pairs(V16 acc, V16, V16) { return acc; }  // DP runs on pass 1 only
+#endif
+template <int NP2, int QS, bool DP>
+static void att_scores_pairs(const AttnParams& p, const int64_t* koff, int nb, const int64_t* qoff,
+                             float* const* sc, int64_t j0, V16 scale) {
+  const uint16_t* qb = (const uint16_t*)p.q;
+  const uint16_t* kb = (const uint16_t*)p.kc;
+  V16 qo[QS][NP2], qe[QS][NP2];  // DP: qo holds the raw pairs
+  for (int q = 0; q < QS; ++q)
+    for (int s = 0; s < NP2; ++s) {
+      if constexpr (DP) qo[q][s] = vload((const float*)(qb + qoff[q] + 32 * s));
+      else vload_bfpair((const uint32_t*)(qb + qoff[q] + 32 * s), qo[q][s], qe[q][s]);
+    }
+  V16 a[QS][16];
+  for (int jj = 0; jj < 16; ++jj) {
+    V16 acc[QS];
+    for (int q = 0; q < QS; ++q) acc[q] = vzero();
+    if (jj < nb) {
+      for (int s = 0; s < NP2; ++s) {
+        const uint32_t* kp = (const uint32_t*)(kb + koff[jj] + 32 * s);
+        if constexpr (DP) {
+          const V16 kr = vload((const float*)kp);
+          for (int q = 0; q < QS; ++q) acc[q] = dp_pairs(acc[q], qo[q][s], kr);
+        } else {
+          V16 ko, ke;
+          vload_bfpair(kp, ko, ke);
+          for (int q = 0; q < QS; ++q) acc[q] = vfma(qe[q][s], ke, vfma(qo[q][s], ko, acc[q]));
+        }
+      }
+    }
+    for (int q = 0; q < QS; ++q) a[q][jj] = acc[q];
+  }
+  for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
+}
+#if BI_KERNEL_PASS == 1
+#pragma GCC pop_options
+#endif
+
 // run(std::integral_constant<int, W>) for the widest W <= N that fits n (>= 1) queries; returns W
 template <int N, class F>
 BI_INLINE int widest_upto(int n, F&& run) {
@@ -2317,11 +2369,24 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   // they never reach its softmax.
   const V16 scale = vset1(p.scale);
   constexpr int QS = AttQS<NDV>::v;
+  // D of 64, 128, 256 or 512: every pass instantiates exactly NDV = D / 16 for those, so every pass takes the
+  // same chain (a D of 32 runs as NDV 2 on some passes and as a masked 4 on the scalar one)
+  const bool pairs = CBF && NDV % 4 == 0 && p.D == 16 * NDV && p.qt == bi::BF16;
   for (int64_t j0 = 0; j0 < nk_max; j0 += 16) {
     const int nb = (int)std::min<int64_t>(16, nk_max - j0);
     for (int q0 = 0; q0 < nq;)
       q0 += widest_upto<QS>(nq - q0, [&](auto w) {
-        att_scores<NDV, FULL, decltype(w)::value, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+        constexpr int W = decltype(w)::value;
+        if constexpr (CBF && NDV % 4 == 0) {
+          if (pairs) {
+#if BI_KERNEL_PASS == 1
+            if (cpu_dpbf16())
+              return att_scores_pairs<NDV / 2, W, true>(p, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+#endif
+            return att_scores_pairs<NDV / 2, W, false>(p, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+          }
+        }
+        att_scores<NDV, FULL, W, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
       });
   }
   // softmax numerators and their sums, per query
