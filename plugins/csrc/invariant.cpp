@@ -24,7 +24,9 @@
 //   rms_norm  ss = hsum16(lane l: fma-chain over h = l, l+16, ...(x_h*x_h)); r = 1/sqrtf(ss/H + eps);
 //             y = w * to_xdtype(x * r)   (HF casting; bf16 rounding is round-to-nearest-even)
 //   silu_mul  y = to_dtype(g / (1 + exp(-g))) * u, one vector formula for every element (masked tails)
-//   attention score_j = hsum16(lane l: fma-chain over d = l, l+16, ...(q_d*k_jd)) * scale;
+//   attention score_j = hsum16(lane l: fma-chain over d = l, l+16, ...(q_d*k_jd)) * scale; with bf16 q and K
+//             and D of 64/128/256/512, hsum16(lane l: chain over 32-dim slices s of (q*k)_{32s+2l+1} then
+//             (q*k)_{32s+2l}) * scale (exact bf16 products: vdpbf16ps' steps);
 //             m = max_j; p_j = exp(score_j - m); l = hsum16(lane l: sum of p_j, j = l, l+16, ... ascending);
 //             o = (fma-chain over j ascending (p_j * v_j)) / l
 //   hsum16(v) = (r2[0]+r2[1]) with r8[i]=v[i]+v[i+8], r4[i]=r8[i]+r8[i+4], r2[i]=r4[i]+r4[i+2]
