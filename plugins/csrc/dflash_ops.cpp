@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "dflash_ops.h"
+#include "argmax_row.h"
 #include "dflash_ops_common.h"
 
 namespace dflash {
@@ -66,42 +67,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> prepare_draft_blocks_cpu(
 }
 
 // ------------------------------------------------------------------------------------------ verify
-#if defined(__x86_64__) && defined(__GNUC__)
-// The first index of the row's maximum, or -1 when the row holds a NaN (torch's argmax decides those rows).
-// One max pass and one compare pass over 16 lanes, where torch's argmax carries an index beside every lane's
-// maximum: a vocabulary-wide row per verify row, every step.
-__attribute__((target("avx512f"))) int64_t argmax_row_avx512(const float* x, int64_t n) {
-  const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 vmax = lowest;
-  __mmask16 nan = 0;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    vmax = _mm512_max_ps(vmax, v);
-  }
-  if (i < n) {
-    const __m512 v = _mm512_mask_loadu_ps(lowest, (__mmask16)((1u << (n - i)) - 1), x + i);
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    vmax = _mm512_max_ps(vmax, v);
-  }
-  if (nan) return -1;
-  const float best = _mm512_reduce_max_ps(vmax);  // -0.0 and 0.0 compare equal below, as ties
-  const __m512 b = _mm512_set1_ps(best);
-  for (i = 0; i + 16 <= n; i += 16) {
-    const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), b, _CMP_EQ_OQ);
-    if (eq) return i + __builtin_ctz((unsigned)eq);
-  }
-  for (; i < n; ++i)
-    if (x[i] == best) return i;
-  return -1;
-}
-#endif
 
 // torch.argmax itself: NaN beats everything, ties go to the lowest index.
 Tensor argmax_rows(const Tensor& logits) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl");
   if (avx512 && logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 2 && logits.size(1) > 0 &&
       logits.stride(1) == 1) {
     const int64_t rows = logits.size(0), n = logits.size(1), ld = logits.stride(0);
@@ -109,7 +80,7 @@ Tensor argmax_rows(const Tensor& logits) {
     const float* x = logits.data_ptr<float>();
     int64_t* o = out.data_ptr<int64_t>();
     at::parallel_for(0, rows, 4, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) o[r] = argmax_row_avx512(x + r * ld, n);
+      for (int64_t r = r0; r < r1; ++r) o[r] = dflash::argmax_row_avx512<false>(x + r * ld, n);
     });
     for (int64_t r = 0; r < rows; ++r)
       if (o[r] < 0) return at::argmax(logits, -1).to(at::kLong);

@@ -52,6 +52,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "argmax_row.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -151,8 +153,6 @@ struct Kernels {
   // rows m < M and columns [v0, v1) of V
   void (*outlier_dots)(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0,
                        int64_t v1, float* o);
-  // torch.argmax of n floats (bf16 when bf): the first NaN if there is one, else the first maximum
-  int64_t (*row_argmax)(const void* a, int64_t n, bool bf);
   // 1 / sum_j exp(a_j - m): the softmax probability of a maximum m of the n floats
   float (*row_top_probability)(const void* a, int64_t n, bool bf, float m);
 };
@@ -935,6 +935,25 @@ static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tens
   return out;
 }
 
+// torch.argmax of n floats (bf16 when bf): the first NaN if there is one, else the first maximum (the verify's
+// AVX-512 passes on the AVX-512 paths, a plain loop on the others and for a row that holds a NaN)
+static int64_t row_argmax(const void* a, int64_t n, bool bf) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (&K() == &bi_avx512::kTable || amx_active()) {
+    const int64_t j = bf ? dflash::argmax_row_avx512<true>(a, n) : dflash::argmax_row_avx512<false>(a, n);
+    if (j >= 0) return j;
+  }
+#endif
+  int64_t best = 0;
+  float bv = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = bf ? (float)((const at::BFloat16*)a)[i] : ((const float*)a)[i];
+    if (x != x) return i;
+    if (x > bv || i == 0) best = i, bv = x;
+  }
+  return best;
+}
+
 // Each row's greedy token under a packed head: the logits from the head's own kernel (rounded to x's dtype, as
 // linear() returns them), then torch.argmax's choice (the first NaN, else the first maximum), mapped through ids
 // (a draft vocabulary's token ids) when ids is not empty; with confidence, also the token's softmax probability
@@ -958,7 +977,7 @@ static std::tuple<at::Tensor, at::Tensor> bi_head_argmax(const at::Tensor& x, co
   const char* base = (const char*)logits.data_ptr();
   for (int64_t m = 0; m < M; ++m) {
     const void* row = base + m * ld * logits.element_size();
-    const int64_t j = K().row_argmax(row, n, bf);
+    const int64_t j = row_argmax(row, n, bf);
     o[m] = id ? id[j] : j;
     if (confidence) {
       const float best = bf ? static_cast<float>(((const at::BFloat16*)row)[j]) : ((const float*)row)[j];
@@ -2546,47 +2565,6 @@ static void at_least(const float* a, int64_t n, float t, std::vector<int64_t>& o
 }
 
 template <bool BF>
-static int64_t row_argmax_t(const void* a, int64_t n) {
-  float m = -INFINITY;
-  int64_t v = 0;
-  bool nan = false;
-#if BI_KERNEL_PASS == 1
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  __mmask16 un = 0;
-  for (; v + 16 <= n; v += 16) {
-    const __m512 s = ld<BF>(a, v).v;
-    un |= _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q);
-    mx = _mm512_max_ps(mx, s);
-  }
-  nan = un != 0;
-  m = _mm512_reduce_max_ps(mx);  // NaN lanes make it meaningless, and then it is not read
-#endif
-  for (int64_t i = v; i < n; ++i) {
-    const float x = BF ? u2f((uint32_t)((const uint16_t*)a)[i] << 16) : ((const float*)a)[i];
-    if (x != x) nan = true;
-    else if (x > m) m = x;
-  }
-  int64_t i = 0;
-#if BI_KERNEL_PASS == 1
-  const __m512 t = _mm512_set1_ps(m);
-  for (; i + 16 <= n; i += 16) {
-    const __m512 s = ld<BF>(a, i).v;
-    const __mmask16 hit = nan ? _mm512_cmp_ps_mask(s, s, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(s, t, _CMP_EQ_OQ);
-    if (hit) return i + __builtin_ctz(hit);
-  }
-#endif
-  for (; i < n; ++i) {
-    const float x = BF ? u2f((uint32_t)((const uint16_t*)a)[i] << 16) : ((const float*)a)[i];
-    if (nan ? x != x : x == m) return i;
-  }
-  return 0;
-}
-
-static int64_t row_argmax(const void* a, int64_t n, bool bf) {
-  return bf ? row_argmax_t<true>(a, n) : row_argmax_t<false>(a, n);
-}
-
-template <bool BF>
 static float row_top_probability_t(const void* a, int64_t n, float m) {
   const V16 mv = vset1(m);
   V16 acc = vzero();
@@ -2639,6 +2617,6 @@ static void outlier_dots(const float* xo, int64_t M, int64_t n_out, const float*
 
 static const Kernels kTable = {kIsaName,      &linear_tile,     &norm_rows, &silu_rows, &attn_items,
                                &selftest_reduce, &quantize_rows, &sum_max,   &at_least,  &outlier_dots,
-                               &row_argmax,      &row_top_probability};
+                               &row_top_probability};
 
 #endif  // BI_KERNEL_PASS
