@@ -349,9 +349,15 @@ class TargetModel(nn.Module):
             if ids is not None:
                 return ids
             gh.observe(hidden)
-        if self.head_packed is None or type(self).logits is not TargetModel.logits or getattr(self, "tp", None):
+        if not self._plain_packed_head():
             return None
         return ops.head_argmax(hidden, self.head_packed)[0]  # the same logits' argmax, in one op
+
+    def _plain_packed_head(self) -> bool:
+        """The head is this class's packed head, whole: not a family's own logits, not split by tensor
+        parallelism."""
+        return (self.head_packed is not None and type(self).logits is TargetModel.logits
+                and getattr(self, "tp", None) is None)
 
     def prepare_greedy_head(self) -> GreedyHead | None:
         """The greedy screen of the head's current panels, made once (its int8 codes and norms); None where the
@@ -359,8 +365,7 @@ class TargetModel(nn.Module):
         packed = self.head_packed
         built = getattr(self, "_screen", None)
         if built is None or built[0] is not packed:
-            ok = (packed is not None and GreedyHead.screens(packed) and type(self).logits is TargetModel.logits
-                  and getattr(self, "tp", None) is None)
+            ok = self._plain_packed_head() and GreedyHead.screens(packed)
             built = self._screen = (packed, GreedyHead(self.head_weight.data, packed) if ok else None)
         return built[1]
 
