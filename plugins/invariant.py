@@ -268,11 +268,12 @@ def linear(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None = No
 
 def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: PackedLinear, chunks: int,
                 wo: torch.Tensor, g: torch.Tensor, g_max: torch.Tensor, gap_rel: float, head: PackedLinear,
-                max_candidates: int) -> torch.Tensor:
+                rows: torch.Tensor, max_candidates: int) -> torch.Tensor:
     """runtime/greedy_head.py's exact greedy screen in one op: each row's argmax token, or an empty tensor when
-    the caller must compute the logits."""
+    the caller must compute the logits. rows: the values head's panels hold, row-major [V, K] (bfloat16 for
+    bf16 panels, float32 for fp32 ones): the candidates' exact logits are packed from them."""
     return binding("bi_greedy_head")(x, pairs, out_idx, screen.data, screen.n, screen.scale, chunks, wo, g, g_max,
-                                     gap_rel, head.data, max_candidates)
+                                     gap_rel, head.data, rows, max_candidates)
 
 
 def head_argmax(x: torch.Tensor, head: PackedLinear, ids: torch.Tensor | None = None,

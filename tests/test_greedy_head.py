@@ -82,6 +82,8 @@ def test_ties_rounding_and_bad_rows(invariant_kernels):
     bad = rows[:2].clone()
     bad[1, 5] = float("nan")
     assert gh.tokens(bad) is None  # not finite: the caller computes logits
+    huge = (rows[:4].float() * (3e38 / rows[:4].float().abs().max())).to(torch.bfloat16)
+    assert torch.isfinite(huge).all() and gh.tokens(huge) is None  # finite, but its sums overflow: the caller's
     assert not GreedyHead.screens(bi.pack_linear_w8a8(w.float()))
 
 

@@ -55,6 +55,7 @@
 #include "argmax_row.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -145,14 +146,12 @@ struct Kernels {
   void (*selftest_reduce)(const float* a, float* out);  // out[j] = hsum16(a[16j..16j+15]) via reduce16
   // W8A8: x's chunks per row as codes + 128 (q [M][chunks * chunk_len]) and scales (s [M][chunks])
   void (*quantize_rows)(const LinParams&, int64_t M, uint8_t* q, float* s);
-  // the greedy head screen's passes: a = r + o over n floats, returning max a (and max |a| in *aabs); the
-  // indices of a >= t, ascending, appended to out
-  float (*sum_max)(const float* r, const float* o, float* a, int64_t n, float* aabs);
+  // the greedy head screen's passes. approx: a[m][v] += sum_j xo[m][j] wo[j][v] in fp32, in any order (the
+  // screen's bound covers every order), for rows m < M and columns [v0, v1) of V, with each row's largest a
+  // and |a| over those columns in mx[m], mabs[m]. at_least: the indices of a >= t, ascending, appended to out
+  void (*approx)(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
+                 float* a, float* mx, float* mabs);
   void (*at_least)(const float* a, int64_t n, float t, std::vector<int64_t>& out);
-  // o[m][v] = sum_j xo[m][j] wo[j][v] in fp32, in any order (the screen's bound covers every order), for
-  // rows m < M and columns [v0, v1) of V
-  void (*outlier_dots)(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0,
-                       int64_t v1, float* o);
   // 1 / sum_j exp(a_j - m): the softmax probability of a maximum m of the n floats
   float (*row_top_probability)(const void* a, int64_t n, bool bf, float m);
 };
@@ -810,8 +809,9 @@ static void screen_coefficients(const float* xr, const float* x, const float* xo
 // double) + 4u |approx_v| + 1e-30 bounds |logit_v - approx_v|. Any approx_v - b_v is a lower bound on the row's
 // largest logit: that of the largest approx_v is taken as lo. Returns, ascending, every v with
 // approx_v + b_v >= lo - gap_rel |lo| - 1e-30 for some row: the only tokens whose logit can round to the row's
-// maximum. Only the approx_v within the largest b of that cut are priced one by one. Rows run on the threads
-// in parallel, as do the outlier products' column blocks.
+// maximum (none where a row's approx has no largest value). Only the approx_v within the largest b of that cut
+// are priced one by one. rest: the screen's products [M, V], overwritten with approx. The threads split the
+// columns for approx and its maxima (one pass), then the rows for the cut.
 static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo, const at::Tensor& xr,
                                    const at::Tensor& x, const at::Tensor& xo, const at::Tensor& g,
                                    const at::Tensor& gm, int64_t chunks, double gap_rel) {
@@ -826,40 +826,56 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
                   xr.sizes() == x.sizes() && x.size(0) == M && xo.size(0) == M && chunks > 0 && D % chunks == 0 &&
                   V > 0,
               "bi_greedy_screen: shapes do not match");
+  // every sum the screen and the full head form is at most |x| max_v |w_v| (Cauchy-Schwarz): far below fp32's
+  // range, none overflows, which the bounds assume; a row near it goes to the caller's logits
+  const float* gmax = gm.data_ptr<float>();
+  const float* xs = x.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m) {
+    double x2 = 0;
+    for (int64_t k = 0; k < D; ++k) x2 += (double)xs[m * D + k] * xs[m * D + k];
+    if (!(std::sqrt(x2) * gmax[2] < 0x1p100)) return at::empty({0}, at::kLong);
+  }
   std::vector<double> coef((size_t)(3 * M));
   screen_coefficients(xr.data_ptr<float>(), x.data_ptr<float>(), xo.data_ptr<float>(), M, D, n_out, (int)chunks,
                       coef.data());
-  const float* ra = rest.data_ptr<float>();
+  float* const ra = rest.data_ptr<float>();  // approx, in place
   const float* g0 = g.data_ptr<float>();
   const float *g1 = g0 + V, *g2 = g0 + 2 * V;
-  const float* gmax = gm.data_ptr<float>();
   const double ru = 4.0 * 0x1p-24;
   const Kernels& kt = K();
-  thread_local std::vector<float> ob;  // every element written before it is read: reused, not zeroed
-  if ((int64_t)ob.size() < M * V) ob.resize((size_t)(M * V));
-  float* const oa = ob.data();
   const int Tn = M * V * n_out >= (1 << 16) ? std::min(nthreads(), 2) : 1;
   const unsigned csr = _mm_getcsr();
   std::vector<std::vector<int64_t>> row_ids((size_t)M);
+  // per thread and row, the largest approx_v and |approx_v| over the thread's columns
+  std::vector<float> part_hi((size_t)(Tn * M), -INFINITY), part_abs((size_t)(Tn * M), 0.0f);
+  std::atomic<bool> lost{false};
 #pragma omp parallel num_threads(Tn)
   {
     CsrScope cs(csr);
     const int nt = omp_get_num_threads(), me = omp_get_thread_num();
     int64_t v0, v1;
     balanced((V + 15) / 16, nt, me, v0, v1);
-    kt.outlier_dots(xo.data_ptr<float>(), M, n_out, wo.data_ptr<float>(), V, v0 * 16, std::min(V, v1 * 16), oa);
+    if (v0 * 16 < V)
+      kt.approx(xo.data_ptr<float>(), M, n_out, wo.data_ptr<float>(), V, v0 * 16, std::min(V, v1 * 16), ra,
+                part_hi.data() + me * M, part_abs.data() + me * M);
 #pragma omp barrier
-    thread_local std::vector<float> ap;  // as ob
-    if ((int64_t)ap.size() < V) ap.resize((size_t)V);
     std::vector<int64_t> near;
 #pragma omp for schedule(static, 1)
     for (int64_t m = 0; m < M; ++m) {
       const double c0 = coef[3 * m], c1 = coef[3 * m + 1], c2 = coef[3 * m + 2];
-      float* a = ap.data();
-      float aabs = 0.0f;
-      const float amax = kt.sum_max(ra + m * V, oa + m * V, a, V, &aabs);
-      int64_t best = 0;
-      while (a[best] != amax) ++best;
+      const float* a = ra + m * V;
+      float amax = -INFINITY, aabs = 0.0f;
+      for (int t = 0; t < nt; ++t) {
+        amax = std::max(amax, part_hi[t * M + m]);
+        aabs = std::max(aabs, part_abs[t * M + m]);
+      }
+      near.clear();
+      kt.at_least(a, V, amax, near);  // the first is the first index of the largest approx_v
+      if (near.empty()) {  // no largest value (a NaN, which the check above rules out): the caller's logits
+        lost = true;
+        continue;
+      }
+      const int64_t best = near[0];
       auto bound = [&](int64_t v) {
         return c0 * g0[v] + c1 * g1[v] + c2 * g2[v] + ru * std::fabs((double)a[v]) + 1e-30;
       };
@@ -874,6 +890,7 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
         if ((double)a[v] + bound(v) >= cut) row_ids[m].push_back(v);
     }
   }
+  if (lost) return at::empty({0}, at::kLong);
   std::vector<int64_t> ids;
   for (const auto& r : row_ids) ids.insert(ids.end(), r.begin(), r.end());
   std::sort(ids.begin(), ids.end());  // rows' candidates in one ascending list
@@ -883,19 +900,64 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
   return res;
 }
 
+// The head's panels for just the candidates' columns (column i: token id[i]), packed as the head's own panels
+// (fp32, widened bf16 or bf16 k-pairs; check_packed's kinds) from rows, the head's values row-major. A column's
+// result under the head kernel depends on its own weights alone, so these logits are bitwise the full head's,
+// read from nc rows of weights instead of every panel that holds a candidate.
+static at::Tensor candidate_panels(const at::Tensor& head, const at::Tensor& rows, const int64_t* id, int64_t nc) {
+  constexpr int64_t PANEL = 32;
+  const int64_t K = rows.size(1), P = (nc + PANEL - 1) / PANEL;
+  at::Tensor out = at::zeros({P, head.size(1), PANEL}, head.options());
+  if (head.scalar_type() == at::kFloat) {
+    const float* r = rows.data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    for (int64_t i = 0; i < nc; ++i)
+      for (int64_t k = 0; k < K; ++k) o[((i / PANEL) * K + k) * PANEL + i % PANEL] = r[id[i] * K + k];
+  } else if (head.scalar_type() == at::kShort) {
+    // k-pairs: u32 [P][K/2][32 columns], a lane's low half k = 2q and high half 2q + 1, which is how a row's
+    // two bf16 at 2q, 2q + 1 read as one little-endian u32: a transpose of each panel's rows
+    const uint32_t* r = (const uint32_t*)rows.data_ptr();
+    uint32_t* o = (uint32_t*)out.data_ptr();
+    const int64_t Q = K / 2;
+    for (int64_t p0 = 0; p0 < nc; p0 += PANEL) {
+      const int64_t n = std::min(PANEL, nc - p0);
+      const uint32_t* src[PANEL];
+      for (int64_t c = 0; c < n; ++c) src[c] = r + id[p0 + c] * Q;
+      uint32_t* d = o + (p0 / PANEL) * Q * PANEL;
+      for (int64_t q = 0; q < Q; ++q)
+        for (int64_t c = 0; c < n; ++c) d[q * PANEL + c] = src[c][q];
+    }
+  } else {  // widened bf16: per k, elements in the column order 16, 0, 17, 1, ..., 31, 15
+    const uint16_t* r = (const uint16_t*)rows.data_ptr();
+    uint16_t* o = (uint16_t*)out.data_ptr();
+    for (int64_t i = 0; i < nc; ++i) {
+      const int64_t c = i % PANEL, pos = c < 16 ? 2 * c + 1 : 2 * (c - 16);
+      for (int64_t k = 0; k < K; ++k) o[((i / PANEL) * K + k) * PANEL + pos] = r[id[i] * K + k];
+    }
+  }
+  return out;
+}
+
 // The whole greedy screen of runtime/greedy_head.py in one op: x (the head's input rows, the head's dtype) ->
 // each row's argmax token, exactly that of the full head (the screen's bound, then the candidates' logits from
-// the head's own kernel on just the panels that hold them, a column's result depending on its own weights
-// alone). pairs: the head is bf16 k-pair panels, whose kernel rounds x to bf16. An empty result: the caller
+// the head's own kernel on panels of just their columns: candidate_panels). rows: the head's values row-major
+// (bf16 for bf16 panels, fp32 for fp32 ones). pairs: the head is bf16 k-pair panels, whose kernel rounds x to
+// bf16. An empty result: the caller
 // computes the logits (x not finite, or more than max_candidates candidates). One op, not a dozen small ones:
 // right after a pass that streamed every weight, each op's first touch of its code and data costs more than its
 // work.
 static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tensor& out_idx,
                                  const at::Tensor& screen, int64_t screen_n, const at::Tensor& screen_scale,
                                  int64_t chunks, const at::Tensor& wo, const at::Tensor& g, const at::Tensor& gm,
-                                 double gap_rel, const at::Tensor& head, int64_t max_candidates) {
+                                 double gap_rel, const at::Tensor& head, const at::Tensor& rows,
+                                 int64_t max_candidates) {
   TORCH_CHECK(x.dim() == 2 && out_idx.scalar_type() == at::kLong, "bi_greedy_head: x must be [M, K], out_idx int64");
-  constexpr int64_t PANEL = 32;  // output columns per packed panel (check_packed)
+  const bool f32 = head.scalar_type() == at::kFloat;
+  TORCH_CHECK((f32 || head.scalar_type() == at::kShort || head.scalar_type() == at::kBFloat16) && head.dim() == 3 &&
+                  rows.dim() == 2 && rows.is_contiguous() && rows.scalar_type() == (f32 ? at::kFloat : at::kBFloat16) &&
+                  rows.size(1) == x.size(1) && rows.size(0) <= head.size(0) * 32,
+              "bi_greedy_head: rows must be the head's values, [V, K] contiguous, float32 for fp32 panels and "
+              "bfloat16 for bf16 ones");
   const at::Tensor none = at::empty({0}, at::kLong);
   const at::Tensor xf = (pairs ? x.to(at::kBFloat16).to(at::kFloat) : x.to(at::kFloat)).contiguous();
   const float* xv = xf.data_ptr<float>();
@@ -908,26 +970,20 @@ static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tens
   const at::Tensor ids = bi_greedy_screen(rest, wo, xr, xf, xo, g, gm, chunks, gap_rel);
   const int64_t nc = ids.numel();
   if (nc == 0 || nc > max_candidates) return none;
-  // the panels holding the candidates (ids ascend), and each candidate's column among them
-  const int64_t* id = ids.data_ptr<int64_t>();
-  std::vector<int64_t> panels, col((size_t)nc);
-  for (int64_t i = 0; i < nc; ++i) {
-    if (panels.empty() || panels.back() != id[i] / PANEL) panels.push_back(id[i] / PANEL);
-    col[i] = ((int64_t)panels.size() - 1) * PANEL + id[i] % PANEL;
-  }
-  const at::Tensor pidx = at::tensor(panels, at::kLong);
-  const at::Tensor exact = bi_linear(x.contiguous(), head.index_select(0, pidx), (int64_t)panels.size() * PANEL,
-                                     c10::nullopt, 1, c10::nullopt)
-                               .to(at::kFloat)
-                               .contiguous();
-  const int64_t M = x.size(0), w = exact.size(1);
+  const int64_t* id = ids.data_ptr<int64_t>();  // ascending
+  TORCH_CHECK(id[nc - 1] < rows.size(0), "bi_greedy_head: a candidate beyond the head's rows");
+  const at::Tensor exact =
+      bi_linear(x.contiguous(), candidate_panels(head, rows, id, nc), nc, c10::nullopt, 1, c10::nullopt)
+          .to(at::kFloat)
+          .contiguous();
+  const int64_t M = x.size(0);
   const float* e = exact.data_ptr<float>();
   at::Tensor out = at::empty({M}, at::kLong);
   int64_t* o = out.data_ptr<int64_t>();
   for (int64_t m = 0; m < M; ++m) {  // torch.argmax over the candidates in vocabulary order: NaN wins, first max
     int64_t best = 0;
     for (int64_t i = 1; i < nc; ++i) {
-      const float b = e[m * w + col[best]], v = e[m * w + col[i]];
+      const float b = e[m * nc + best], v = e[m * nc + i];
       if (!std::isnan(b) && (std::isnan(v) || v > b)) best = i;
     }
     o[m] = id[best];
@@ -1018,7 +1074,7 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.def("bi_attention_args(int[] q_lens, int[] kv_lens, int[] blocks, int block_size) -> Tensor[]",
         &bi::bi_attention_args);
   m.def("bi_greedy_head(Tensor x, bool pairs, Tensor out_idx, Tensor screen, int screen_n, Tensor screen_scale, "
-        "int chunks, Tensor wo, Tensor g, Tensor gm, float gap_rel, Tensor head, int max_candidates) -> Tensor");
+        "int chunks, Tensor wo, Tensor g, Tensor gm, float gap_rel, Tensor head, Tensor rows, int max_candidates) -> Tensor");
   m.def("bi_head_argmax(Tensor x, Tensor packed, int n, Tensor? wscale, Tensor ids, bool confidence) -> (Tensor, Tensor)");
 }
 
@@ -2529,29 +2585,6 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
     }
 }
 
-static float sum_max(const float* r, const float* o, float* a, int64_t n, float* aabs) {
-  float m = -INFINITY, b = 0.0f;
-  int64_t v = 0;
-#if BI_KERNEL_PASS == 1
-  __m512 mx = _mm512_set1_ps(-INFINITY), mb = _mm512_setzero_ps();
-  for (; v + 16 <= n; v += 16) {
-    const __m512 s = _mm512_add_ps(_mm512_loadu_ps(r + v), _mm512_loadu_ps(o + v));
-    _mm512_storeu_ps(a + v, s);
-    mx = _mm512_max_ps(mx, s);
-    mb = _mm512_max_ps(mb, _mm512_abs_ps(s));
-  }
-  m = _mm512_reduce_max_ps(mx);
-  b = _mm512_reduce_max_ps(mb);
-#endif
-  for (; v < n; ++v) {
-    a[v] = r[v] + o[v];
-    m = std::max(m, a[v]);
-    b = std::max(b, std::fabs(a[v]));
-  }
-  *aabs = b;
-  return m;
-}
-
 static void at_least(const float* a, int64_t n, float t, std::vector<int64_t>& out) {
   int64_t v = 0;
 #if BI_KERNEL_PASS == 1
@@ -2585,11 +2618,15 @@ static float row_top_probability(const void* a, int64_t n, bool bf, float m) {
   return bf ? row_top_probability_t<true>(a, n, m) : row_top_probability_t<false>(a, n, m);
 }
 
-// MG rows' products over columns [v0, v1): the rows share each weight load, and two chains per row (even and
-// odd j) keep the FMAs from waiting on each other (the bound takes the sums in any order)
+// MG rows' approximations over columns [v0, v1) (Kernels::approx): the rows share each weight load, and two
+// chains per row (even and odd j) keep the FMAs from waiting on each other. One pass: the column block is
+// still in registers when its maxima are taken.
 template <int MG>
-static void outlier_rows(const float* xo, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
-                         float* o) {
+static void approx_rows(const float* xo, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
+                        float* a, float* mx, float* mabs) {
+  V16 hi[MG], ab[MG];
+  float tail_hi[MG], tail_ab[MG];
+  for (int m = 0; m < MG; ++m) hi[m] = vset1(-INFINITY), ab[m] = vzero(), tail_hi[m] = -INFINITY, tail_ab[m] = 0.0f;
   for (int64_t v = v0; v < v1; v += 16) {
     const int nv = (int)std::min<int64_t>(16, v1 - v);
     V16 acc[MG][2];
@@ -2600,23 +2637,38 @@ static void outlier_rows(const float* xo, int64_t n_out, const float* wo, int64_
       for (int m = 0; m < MG; ++m) acc[m][h] = vfma(vset1(xo[m * n_out + j]), w, acc[m][h]);
     }
     for (int m = 0; m < MG; ++m) {
-      const V16 r = vadd(acc[m][0], acc[m][1]);
-      if (nv == 16) vstore(o + m * V + v, r);
-      else vstore_n(o + m * V + v, r, nv);
+      float* row = a + m * V + v;
+      if (nv == 16) {
+        const V16 r = vadd(vload(row), vadd(acc[m][0], acc[m][1]));
+        vstore(row, r);
+        hi[m] = vmax(hi[m], r);
+        ab[m] = vmax(ab[m], vmax(r, vsub(vzero(), r)));
+      } else {  // the last block's lanes one by one: lanes past the end must not reach the maxima
+        const V16 r = vadd(vload_n(row, nv), vadd(acc[m][0], acc[m][1]));
+        vstore_n(row, r, nv);
+        for (int i = 0; i < nv; ++i) {
+          tail_hi[m] = std::max(tail_hi[m], row[i]);
+          tail_ab[m] = std::max(tail_ab[m], std::fabs(row[i]));
+        }
+      }
     }
+  }
+  for (int m = 0; m < MG; ++m) {
+    mx[m] = std::max(hmax(hi[m]), tail_hi[m]);
+    mabs[m] = std::max(hmax(ab[m]), tail_ab[m]);
   }
 }
 
-static void outlier_dots(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0,
-                         int64_t v1, float* o) {
+static void approx(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
+                   float* a, float* mx, float* mabs) {
   for (int64_t m0 = 0; m0 < M;)
-    m0 += widest_upto<8>((int)(M - m0), [&](auto w) {
-      outlier_rows<decltype(w)::value>(xo + m0 * n_out, n_out, wo, V, v0, v1, o + m0 * V);
+    m0 += widest_upto<4>((int)(M - m0), [&](auto w) {
+      approx_rows<decltype(w)::value>(xo + m0 * n_out, n_out, wo, V, v0, v1, a + m0 * V, mx + m0, mabs + m0);
     });
 }
 
 static const Kernels kTable = {kIsaName,      &linear_tile,     &norm_rows, &silu_rows, &attn_items,
-                               &selftest_reduce, &quantize_rows, &sum_max,   &at_least,  &outlier_dots,
+                               &selftest_reduce, &quantize_rows, &approx,    &at_least,
                                &row_top_probability};
 
 #endif  // BI_KERNEL_PASS
