@@ -32,8 +32,9 @@ def thp_mode() -> str:
 
 
 def packed_tensors(*models) -> list[torch.Tensor]:
-    """Every packed weight tensor the models' modules hold (PackedLinear data and scales, and the fused stacks
-    whose member views the member Linears hold), each tensor object once."""
+    """Every packed weight tensor the models' modules hold (PackedLinear data and scales, the fused stacks
+    whose member views the member Linears hold, and the greedy head screen's codes), each tensor object once."""
+    from .greedy_head import GreedyHead
     from .plugins.invariant import PackedLinear
     from .models.target import FusedProjection
 
@@ -53,6 +54,8 @@ def packed_tensors(*models) -> list[torch.Tensor]:
                     add(value)
                 elif isinstance(value, FusedProjection):
                     add(value.packed)
+                elif isinstance(value, GreedyHead):  # a step streams its codes as well
+                    add(value.screen)
     return list(seen.values())
 
 

@@ -63,3 +63,17 @@ def check_move():
     assert m.a.packed.data.untyped_storage().data_ptr() == m.ab.packed.data.untyped_storage().data_ptr()
     assert all(torch.equal(u, v) for u, v in zip([m.ab(x)[0], m.ab(x)[1], m.a(x), m.c(x)], ys))
     assert huge_kib(m.ab.packed.data.data_ptr()) >= 2048, "the arena got no huge pages"
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="this kernel gives no transparent huge pages")
+def test_the_greedy_head_screen_moves_with_the_engines_weights(tmp_path):
+    # every decode step streams the screen's int8 codes as it streams the linears: they join the same arena
+    import tiny
+    from dflash_trt import LLM
+
+    t = tiny.make_target(str(tmp_path / "t"), hidden=128, vocab=512)
+    target = LLM(target=t, speculative=False, dtype="bfloat16").engine.target
+    screen = target.greedy_screen.screen
+    arena = target.head_packed.data.untyped_storage().data_ptr()
+    assert screen.data.untyped_storage().data_ptr() == arena
+    assert screen.scale.untyped_storage().data_ptr() == arena

@@ -363,11 +363,11 @@ class TargetModel(nn.Module):
         """The greedy screen of the head's current panels, made once (its int8 codes and norms); None where the
         head is not screened (8-bit or no panels, tensor parallelism, a family's own logits)."""
         packed = self.head_packed
-        built = getattr(self, "_screen", None)
-        if built is None or built[0] is not packed:
+        if getattr(self, "_screened", None) is not packed:
             ok = self._plain_packed_head() and GreedyHead.screens(packed)
-            built = self._screen = (packed, GreedyHead(self.head_weight.data, packed) if ok else None)
-        return built[1]
+            self.greedy_screen = GreedyHead(self.head_weight.data, packed) if ok else None
+            self._screened = packed
+        return self.greedy_screen
 
     def pack(self) -> None:
         pack_linears(self)
