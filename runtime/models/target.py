@@ -363,7 +363,7 @@ class TargetModel(nn.Module):
         """The greedy screen of the head's current panels, made once (its int8 codes and norms); None where the
         head is not screened (8-bit or no panels, tensor parallelism, a family's own logits)."""
         packed = self.head_packed
-        if getattr(self, "_screened", None) is not packed:
+        if "_screened" not in vars(self) or self._screened is not packed:  # not built, or built for other panels
             ok = self._plain_packed_head() and GreedyHead.screens(packed)
             self.greedy_screen = GreedyHead(self.head_weight.data, packed) if ok else None
             self._screened = packed
