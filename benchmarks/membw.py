@@ -6,9 +6,11 @@ prints the probes.
     python benchmarks/membw.py [--threads 2] [--mib 512] [--repeats 5]
 
 Read bandwidth is STREAM-like: the best of `repeats` full passes of torch.sum over an fp32 buffer many times the
-last-level cache (a reduction reads every byte once and writes nothing). Peak FMA rate is the best of a big
-fp32 torch.matmul (MKL/oneDNN SGEMM) at the same thread count: an attainable rate, not the data-sheet one.
-Best-of-N because a shared machine only ever slows a pass down.
+last-level cache (a reduction reads every byte once and writes nothing). Peak rates are the best of a big
+torch matmul at the same thread count, one per kind of dot product a pass's kernels run (`dot_kind`): fp32
+(SGEMM), bf16 (bf16 x bf16 -> fp32, what a bf16 model's k-pair kernels run) and int8 (torch._int_mm, what the
+W8A8 kernels run): attainable rates, not the data-sheet ones. Best-of-N because a shared machine only ever
+slows a pass down.
 """
 from __future__ import annotations
 
@@ -43,18 +45,59 @@ def read_bandwidth(threads: int | None = None, mib: int = 512, repeats: int = 5)
         torch.set_num_threads(old)
 
 
-def peak_flops(threads: int | None = None, n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of an fp32 n x n x n torch.matmul (2 n^3 FLOPs), best of `repeats`. fp32 because our kernels
-    multiply in fp32 whatever the weights' format (bf16 and 8-bit weights are widened in registers)."""
+KINDS = ("fp32", "bf16", "int8")
+
+
+def _matmul(kind: str, n: int):
+    if kind == "int8":
+        a = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        return lambda: torch._int_mm(a, b)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    if kind == "bf16":
+        a, b = a.bfloat16(), b.bfloat16()
+    return lambda: torch.matmul(a, b)
+
+
+def peak_flops(threads: int | None = None, n: int = 1024, repeats: int = 5, kind: str = "fp32") -> float:
+    """FLOP/s (2 per multiply-add) of an n x n x n torch matmul of `kind` (KINDS), best of `repeats`. Never
+    below the fp32 rate: where the CPU has no bf16 or int8 dot products (or torch no int8 matmul), our kernels
+    run those formats on fp32 FMAs."""
+    assert kind in KINDS, kind
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        t = _best(lambda: torch.matmul(a, b), repeats)
-        return 2.0 * n ** 3 / t
+        try:
+            rate = 2.0 * n ** 3 / _best(_matmul(kind, n), repeats)
+        except RuntimeError:  # no such matmul on this build
+            rate = 0.0
+        return rate if kind == "fp32" else max(rate, peak_flops(threads, n, repeats))
     finally:
         torch.set_num_threads(old)
+
+
+def peaks(kinds, threads: int | None = None, repeats: int = 5) -> dict:
+    """{kind: peak_flops} for each kind named."""
+    return {k: peak_flops(threads, repeats=repeats, kind=k) for k in dict.fromkeys(kinds)}
+
+
+def _pack_kind(data: torch.Tensor) -> str:
+    # bf16 k-pair panels are int16, W8A8 k-quads int32; fp32, widened-bf16, int8 (W8A16) and fp8 panels are
+    # widened to fp32 in registers
+    return {torch.int16: "bf16", torch.int32: "int8"}.get(data.dtype, "fp32")
+
+
+def dot_kind(model, *extra) -> str:
+    """The dot products that most of a model's packed weight bytes run (KINDS); extra: more PackedLinears read
+    in the same pass (a head)."""
+    from dflash_trt.plugins.invariant import PackedLinear
+
+    packs = [m.packed for m in model.modules() if isinstance(getattr(m, "packed", None), PackedLinear)]
+    by: dict[str, int] = {}
+    for p in packs + [p for p in extra if p is not None]:
+        by[_pack_kind(p.data)] = by.get(_pack_kind(p.data), 0) + p.nbytes()
+    return max(by, key=by.get) if by else "fp32"
 
 
 # -- what a step reads and computes --------------------------------------------------------------------------
@@ -149,10 +192,17 @@ def floor_s(nbytes: float, bandwidth: float, flops: float = 0.0, peak: float | N
     return max(nbytes / bandwidth, flops / peak if peak else 0.0)
 
 
-def per_token_floor_s(passes, bandwidth: float, peak: float | None, tokens_per_step: float = 1.0) -> float:
-    """The floor of one decoded token: the floors of a step's passes [(bytes, FLOPs)] over the tokens a step
-    commits (1 for autoregressive decoding, tau for speculative)."""
-    return sum(floor_s(b, bandwidth, f, peak) for b, f in passes) / tokens_per_step
+def pass_peak(peak, kind: str = "fp32") -> float | None:
+    """The peak a pass of `kind` runs at: `peak` itself when it is one rate, else peak[kind]."""
+    return peak.get(kind, peak.get("fp32")) if isinstance(peak, dict) else peak
+
+
+def per_token_floor_s(passes, bandwidth: float, peak, tokens_per_step: float = 1.0) -> float:
+    """The floor of one decoded token: the floors of a step's passes [(bytes, FLOPs)] or [(bytes, FLOPs, kind)]
+    over the tokens a step commits (1 for autoregressive decoding, tau for speculative). peak: one rate for
+    every pass, or {kind: rate} (a pass without a kind is fp32)."""
+    return sum(floor_s(p[0], bandwidth, p[1], pass_peak(peak, p[2] if len(p) > 2 else "fp32"))
+               for p in passes) / tokens_per_step
 
 
 # -- GGUF files (llama.cpp peers) ----------------------------------------------------------------------------
@@ -180,9 +230,9 @@ def main() -> int:
     if args.threads < 1 or args.mib < 1 or args.repeats < 1:
         raise SystemExit("membw: --threads, --mib and --repeats must be positive")
     bw = read_bandwidth(args.threads, args.mib, args.repeats)
-    peak = peak_flops(args.threads, repeats=args.repeats)
-    print(f"{args.threads} thread(s): read bandwidth {bw / GB:.1f} GB/s (torch.sum over {args.mib} MiB fp32), "
-          f"peak {peak / 1e9:.0f} GFLOP/s (fp32 1024^3 torch.matmul)")
+    rates = peaks(KINDS, args.threads, args.repeats)
+    print(f"{args.threads} thread(s): read bandwidth {bw / GB:.1f} GB/s (torch.sum over {args.mib} MiB fp32), peak "
+          + ", ".join(f"{k} {r / 1e9:.0f}" for k, r in rates.items()) + " GFLOP/s (1024^3 torch matmuls)")
     return 0
 
 

@@ -14,7 +14,7 @@ llama.cpp's DFlash (its llama-speculative-simple from --llamacpp-bin) with our d
 (docs/cpu_performance.md says how to build it). Another target needs --gguf FILE for llama.cpp. Every peer gets
 the same token ids (chat template applied by our tokenizer). Reported per peer: e2e tokens/s (all output tokens /
 all wall time, prefill included), decode tokens/s ((tokens - 1) / (time after the first token)), its ms per
-token beside the floor (weight bytes per step / read bandwidth, FLOPs per step / peak FMA rate, over tau: the
+token beside the floor (weight bytes per step / read bandwidth, FLOPs per step / the peak rate of its dot products, over tau: the
 floors of benchmarks/membw.py), TTFT, tau, the ratio to our AR and how many outputs equal our AR's. Peers load
 once and run interleaved prompt by prompt, after one warm-up each, so background load on a shared machine hits
 all of them alike. llama-cpp-python is optional: `pip install llama-cpp-python` compiles llama.cpp for several
@@ -86,12 +86,13 @@ class Ours:
         """[(weight bytes, FLOPs)] of one decode step: the target over 1 row, or over K+1 rows (K = the longest
         draft) plus the drafter over its block."""
         e = self.llm.engine
-        tb = membw.target_step_bytes(e.target)
+        tb, tk = membw.target_step_bytes(e.target), membw.dot_kind(e.target, e.target.head_packed)
         if not self.spec:
-            return [(tb, membw.target_block_flops(e.target, 1))]
+            return [(tb, membw.target_block_flops(e.target, 1), tk)]
         d, k = e.proposer.drafter, e.max_draft_len
-        return [(tb, membw.target_block_flops(e.target, k + 1)),
-                (membw.drafter_step_bytes(d, e.target), membw.drafter_block_flops(d, e.target, d.block_size, k))]
+        return [(tb, membw.target_block_flops(e.target, k + 1), tk),
+                (membw.drafter_step_bytes(d, e.target), membw.drafter_block_flops(d, e.target, d.block_size, k),
+                 membw.dot_kind(d, getattr(d, "vocab_packed", None)))]
 
 
 def _param_counts(model) -> tuple[int, int]:
@@ -198,7 +199,7 @@ class LlamaCpp:
 
     def passes(self):
         c = membw.gguf_counts(self.gguf)
-        return [(c["bytes"], 2.0 * c["macs"])]
+        return [(c["bytes"], 2.0 * c["macs"], gguf_kind(self.gguf))]
 
 
 class LlamaCppDFlash:
@@ -239,8 +240,16 @@ class LlamaCppDFlash:
     def passes(self):
         t, d = membw.gguf_counts(self.target_gguf), membw.gguf_counts(self.draft_gguf)
         k = self.block - 1
-        return [(t["bytes"], 2.0 * t["macs"] * (k + 1)),  # its drafter drafts with the target's whole head
-                (d["bytes"] + t["head_bytes"], 2.0 * (d["macs"] * self.block + t["head_macs"] * k))]
+        return [(t["bytes"], 2.0 * t["macs"] * (k + 1), gguf_kind(self.target_gguf)),  # drafts with the whole head
+                (d["bytes"] + t["head_bytes"], 2.0 * (d["macs"] * self.block + t["head_macs"] * k),
+                 gguf_kind(self.draft_gguf))]
+
+
+def gguf_kind(path: str) -> str:
+    """The dot products llama.cpp runs on a GGUF of ours (membw.KINDS): bf16 for BF16, int8 for Q8_0 (its
+    int8 x int8 row dots), fp32 otherwise."""
+    name = os.path.basename(path).upper()
+    return "bf16" if name.endswith(".BF16.GGUF") else "int8" if name.endswith(".Q8_0.GGUF") else "fp32"
 
 
 # -- the embedded model's GGUFs ------------------------------------------------------------------------------
@@ -450,8 +459,8 @@ def main():
         raise SystemExit("peers: no peer to run (see the lines above)")
 
     def probes():
-        print("[peers] measuring the floors (read bandwidth, peak FMA rate) ...", file=sys.stderr, flush=True)
-        return membw.read_bandwidth(args.threads), membw.peak_flops(args.threads)
+        print("[peers] measuring the floors (read bandwidth, peak rates) ...", file=sys.stderr, flush=True)
+        return membw.read_bandwidth(args.threads), membw.peaks(membw.KINDS, args.threads)
 
     bw, peak = probes()
     for _, peer in peers:  # warm-up: kernels, allocator, caches
@@ -463,16 +472,18 @@ def main():
         print(f"[peers] prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     rows = [(name, summary(runs[name]), peer.tau(), runs[name], peer) for name, peer in peers]
     # probed again after the runs, the best kept: background load only ever lowers a probe
-    bw, peak = (max(a, b) for a, b in zip((bw, peak), probes()))
+    bw2, peak2 = probes()
+    bw, peak = max(bw, bw2), {k: max(r, peak2[k]) for k, r in peak.items()}
 
     ref = next((r for r in rows if r[0] == f"{ours} AR"), None)
     base = ref[1]["e2e"] if ref else None
     ref_text = [enc.tokenizer.decode(r.ids) for r in ref[3]] if ref else None
     print(f"\n{os.path.basename(args.target)}, {args.dataset}: {len(prompts)} prompts x {n} tokens, batch 1, "
           f"{args.threads} threads, greedy, {'each to its EOS' if eos else 'EOS ignored'}")
-    print(f"floors: read bandwidth {bw / membw.GB:.1f} GB/s (torch.sum over 512 MiB), peak {peak / 1e9:.0f} GFLOP/s "
-          "(fp32 torch.matmul); floor = sum over a step's passes of max(weight bytes / bandwidth, FLOPs / peak), "
-          "over tau")
+    print(f"floors: read bandwidth {bw / membw.GB:.1f} GB/s (torch.sum over 512 MiB), peak "
+          + ", ".join(f"{k} {r / 1e9:.0f}" for k, r in peak.items())
+          + " GFLOP/s (torch matmuls); floor = sum over a step's passes of max(weight bytes / bandwidth, "
+          "FLOPs / the peak of the pass's dot products), over tau")
     print(f"{'peer':46s} {'e2e tok/s':>10s} {'decode tok/s':>13s} {'ms/tok':>7s} {'floor':>6s} {'MB/step':>8s} "
           f"{'TTFT ms':>8s} {'tau':>5s} {'vs ours AR':>11s} {'same':>6s}")
     for name, s, tau, rs, peer in rows:
@@ -490,7 +501,7 @@ def main():
             same = f"{sum(a.ids == b.ids for a, b in zip(rs, ref[3]))}/{len(rs)}"
         else:
             same = f"{sum(a.text.strip() == b.strip() for a, b in zip(rs, ref_text))}/{len(rs)}t"
-        mb = sum(b for b, _ in passes) / 1e6
+        mb = sum(p[0] for p in passes) / 1e6
         print(f"{name:46s} {s['e2e']:10.1f} {dec:>13s} {ms:>7s} {floor:6.2f} {mb:8.0f} {ttft:>8s} "
               f"{('-' if tau is None else f'{tau:.2f}'):>5s} {ratio:>11s} {same:>6s}")
 

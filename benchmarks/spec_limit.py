@@ -10,7 +10,8 @@ nothing else); the loop's own cost (scheduling, batch building, acceptance, book
 measured speed from it.
 K is fixed (draft_len_policy="fixed") so tau and the step times belong to one draft length.
 Beside each step time: its floors (benchmarks/membw.py), the weight bytes the pass reads / the measured read
-bandwidth and its FLOPs / the peak FMA rate (an fp32 torch.matmul), at the same thread count.
+bandwidth and its FLOPs / the peak rate of the dot products its kernels run (a torch matmul of that kind: fp32,
+bf16 for a bf16 model's k-pair panels, int8 for W8A8), at the same thread count.
 """
 from __future__ import annotations
 
@@ -126,26 +127,33 @@ def main() -> int:
     tau = tok_sd / n_steps
     k = sd.engine.max_draft_len
     limit = tau / (t_draft + t_verify)
-    bw, peak = membw.read_bandwidth(args.threads), membw.peak_flops(args.threads)
     tgt, dft = sd.engine.target, sd.engine.proposer.drafter
+    tk, dk = membw.dot_kind(tgt, tgt.head_packed), membw.dot_kind(dft, getattr(dft, "vocab_packed", None))
+    bw, peak = membw.read_bandwidth(args.threads), membw.peaks((tk, dk), args.threads)
     tb = membw.target_step_bytes(tgt)
-    floors = {"ar": (tb, membw.target_block_flops(tgt, 1)), "verify": (tb, membw.target_block_flops(tgt, k + 1)),
-              "draft": (membw.drafter_step_bytes(dft, tgt), membw.drafter_block_flops(dft, tgt, dft.block_size, k))}
+    floors = {"ar": (tb, membw.target_block_flops(tgt, 1), tk),
+              "verify": (tb, membw.target_block_flops(tgt, k + 1), tk),
+              "draft": (membw.drafter_step_bytes(dft, tgt), membw.drafter_block_flops(dft, tgt, dft.block_size, k),
+                        dk)}
 
     def floor(name):
-        b, f = floors[name]
-        return f"floor: {b / 1e6:4.0f} MB / BW = {b / bw * 1e3:5.2f} ms, {f / 1e9:5.2f} GFLOP / peak = {f / peak * 1e3:5.2f} ms"
+        b, f, kind = floors[name]
+        return (f"floor: {b / 1e6:4.0f} MB / BW = {b / bw * 1e3:5.2f} ms, {f / 1e9:5.2f} GFLOP / {kind} peak = "
+                f"{f / peak[kind] * 1e3:5.2f} ms")
 
     print(f"{len(PROMPTS)} prompts x {args.max_tokens} tokens x {args.rounds} rounds, batch 1, {args.threads} thread(s), K={k}, "
           f"{args.dtype}, weights {args.weights}")
-    print(f"  read bandwidth {bw / membw.GB:.1f} GB/s (torch.sum over 512 MiB), peak {peak / 1e9:.0f} GFLOP/s "
-          "(fp32 torch.matmul); attention FLOPs left out of the floors")
+    print(f"  read bandwidth {bw / membw.GB:.1f} GB/s (torch.sum over 512 MiB), peak "
+          + ", ".join(f"{kind} {r / 1e9:.0f}" for kind, r in peak.items())
+          + " GFLOP/s (torch matmuls); attention FLOPs left out of the floors")
     print(f"  t_AR (target forward + head, 1 row)      {t_ar * 1e3:7.1f} ms               {floor('ar')}")
     print(f"  t_verify (target forward + head, {k + 1} rows) {t_verify * 1e3:7.1f} ms  ({t_verify / t_ar:.2f} t_AR)  "
           f"{floor('verify')}")
     print(f"  t_draft (drafter pass + draft head)      {t_draft * 1e3:7.1f} ms  ({t_draft / t_ar:.2f} t_AR)  "
           f"{floor('draft')}")
     print(f"  tau (tokens per DFlash step)             {tau:7.2f}")
+    fa, fv = (membw.floor_s(b, bw, f, peak[kind]) for b, f, kind in (floors["ar"], floors["verify"]))
+    print(f"  floor ratio t_verify / t_AR              {fv / fa:7.2f}   (the same ratio of the two floors above)")
     print(f"AR:     {tok_ar / wall_ar:6.1f} tok/s measured, {1 / t_ar:6.1f} tok/s limit 1/t_AR "
           f"({tok_ar / wall_ar * t_ar:.0%} of it)")
     print(f"DFlash: {tok_sd / wall_sd:6.1f} tok/s measured, {limit:6.1f} tok/s limit tau/(t_draft+t_verify) "

@@ -59,6 +59,29 @@ def test_floor_is_the_longer_of_bytes_and_flops_over_tau():
     assert membw.floor_s(1e9, 1e10) == pytest.approx(0.1)
 
 
+def test_each_pass_is_floored_at_the_peak_of_its_dot_products(tmp_path):
+    # the same pass at bf16 or int8 dot products runs at their peak, not fp32's; a pass without a kind is fp32
+    passes = [(1e8, 4e9, "bf16"), (1e8, 4e9, "int8"), (1e8, 4e9)]
+    peak = {"fp32": 1e10, "bf16": 2e10, "int8": 4e10}
+    assert membw.per_token_floor_s(passes, bandwidth=1e10, peak=peak) == pytest.approx(0.2 + 0.1 + 0.4)
+    # which dot products an engine's packed weights run: bf16 models' k-pairs, W8A8's int8, fp32 otherwise
+    from dflash_trt import LLM
+
+    t = tiny.make_target(str(tmp_path / "t"), layers=2, tied=True)
+    kinds = {}
+    for dtype, weights in (("float32", "auto"), ("bfloat16", "auto"), ("bfloat16", "w8a8"), ("float32", "int8")):
+        target = LLM(target=t, speculative=False, max_batch_size=1, max_seq_len=64, dtype=dtype,
+                     weights=weights).engine.target
+        kinds[dtype, weights] = membw.dot_kind(target, target.head_packed)
+    from dflash_trt.plugins import invariant
+
+    bf16 = "bf16" if invariant.bf16_pairs_pay() else "fp32"
+    assert kinds == {("float32", "auto"): "fp32", ("bfloat16", "auto"): bf16, ("bfloat16", "w8a8"): "int8",
+                     ("float32", "int8"): "fp32"}
+    peers = _script("peers")
+    assert [peers.gguf_kind(f"/x/m.{k}.gguf") for k in ("F32", "BF16", "Q8_0")] == ["fp32", "bf16", "int8"]
+
+
 def _gguf(path, tied):
     from gguf import GGUFWriter
 
