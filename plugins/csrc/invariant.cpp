@@ -908,32 +908,28 @@ static at::Tensor candidate_panels(const at::Tensor& head, const at::Tensor& row
   constexpr int64_t PANEL = 32;
   const int64_t K = rows.size(1), P = (nc + PANEL - 1) / PANEL;
   at::Tensor out = at::zeros({P, head.size(1), PANEL}, head.options());
-  if (head.scalar_type() == at::kFloat) {
-    const float* r = rows.data_ptr<float>();
-    float* o = out.data_ptr<float>();
-    for (int64_t i = 0; i < nc; ++i)
-      for (int64_t k = 0; k < K; ++k) o[((i / PANEL) * K + k) * PANEL + i % PANEL] = r[id[i] * K + k];
-  } else if (head.scalar_type() == at::kShort) {
-    // k-pairs: u32 [P][K/2][32 columns], a lane's low half k = 2q and high half 2q + 1, which is how a row's
-    // two bf16 at 2q, 2q + 1 read as one little-endian u32: a transpose of each panel's rows
-    const uint32_t* r = (const uint32_t*)rows.data_ptr();
-    uint32_t* o = (uint32_t*)out.data_ptr();
-    const int64_t Q = K / 2;
+  // panel by panel, k outer and its columns inner: the writes run in order, the candidates' rows are read as
+  // streams side by side
+  auto transpose = [&](auto* o, const auto* r, int64_t len, auto&& slot) {
     for (int64_t p0 = 0; p0 < nc; p0 += PANEL) {
       const int64_t n = std::min(PANEL, nc - p0);
-      const uint32_t* src[PANEL];
-      for (int64_t c = 0; c < n; ++c) src[c] = r + id[p0 + c] * Q;
-      uint32_t* d = o + (p0 / PANEL) * Q * PANEL;
-      for (int64_t q = 0; q < Q; ++q)
-        for (int64_t c = 0; c < n; ++c) d[q * PANEL + c] = src[c][q];
+      decltype(r) src[PANEL];
+      for (int64_t c = 0; c < n; ++c) src[c] = r + id[p0 + c] * len;
+      auto* d = o + (p0 / PANEL) * len * PANEL;
+      for (int64_t k = 0; k < len; ++k)
+        for (int64_t c = 0; c < n; ++c) d[k * PANEL + slot(c)] = src[c][k];
     }
+  };
+  const auto same = [](int64_t c) { return c; };
+  if (head.scalar_type() == at::kFloat) {
+    transpose(out.data_ptr<float>(), rows.data_ptr<float>(), K, same);
+  } else if (head.scalar_type() == at::kShort) {
+    // k-pairs: u32 [P][K/2][32 columns], a lane's low half k = 2q and high half 2q + 1, which is how a row's
+    // two bf16 at 2q, 2q + 1 read as one little-endian u32
+    transpose((uint32_t*)out.data_ptr(), (const uint32_t*)rows.data_ptr(), K / 2, same);
   } else {  // widened bf16: per k, elements in the column order 16, 0, 17, 1, ..., 31, 15
-    const uint16_t* r = (const uint16_t*)rows.data_ptr();
-    uint16_t* o = (uint16_t*)out.data_ptr();
-    for (int64_t i = 0; i < nc; ++i) {
-      const int64_t c = i % PANEL, pos = c < 16 ? 2 * c + 1 : 2 * (c - 16);
-      for (int64_t k = 0; k < K; ++k) o[((i / PANEL) * K + k) * PANEL + pos] = r[id[i] * K + k];
-    }
+    transpose((uint16_t*)out.data_ptr(), (const uint16_t*)rows.data_ptr(), K,
+              [](int64_t c) { return c < 16 ? 2 * c + 1 : 2 * (c - 16); });
   }
   return out;
 }
