@@ -1,7 +1,7 @@
 """The floor under a decode step: how fast this machine reads memory and multiplies, and what a step must read
 and compute. A memory-bound step cannot beat (weight bytes it reads) / (read bandwidth); a verify block of R
-rows cannot beat (its FLOPs) / (the peak rate of its dot products). Other benchmarks import the probes and the counts; the CLI
-prints the probes.
+rows cannot beat (its FLOPs) / (the peak rate of its dot products). Other benchmarks import the probes and the
+counts; the CLI prints the probes.
 
     python benchmarks/membw.py [--threads 2] [--mib 512] [--repeats 5]
 
