@@ -16,10 +16,10 @@ static inline __attribute__((always_inline)) void seg8(const uint32_t* xh, const
   }
   for (int m=0;m<8;m++){ _mm512_storeu_ps(out+m*32, a[m]); _mm512_storeu_ps(out+m*32+16, b[m]); }
 }
-void run8(const uint32_t* w, long P, long Q, const uint32_t* xh, float* out){
-  #pragma omp parallel num_threads(2)
+void run8(const uint32_t* w, long P, long Q, const uint32_t* xh, float* out, int nt){
+  #pragma omp parallel num_threads(nt)
   {
-    int me=omp_get_thread_num(); long p0=me*P/2, p1=(me+1)*P/2;
+    int me=omp_get_thread_num(), k=omp_get_num_threads(); long p0=me*P/k, p1=(me+1)*P/k;
     for (long p=p0;p<p1;p++) seg8(xh, w+p*Q*32, Q, out+p*256);
   }
 }
