@@ -270,8 +270,8 @@ def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: Pac
                 wo: torch.Tensor, g: torch.Tensor, g_max: torch.Tensor, gap_rel: float, head: PackedLinear,
                 rows: torch.Tensor, max_candidates: int) -> torch.Tensor:
     """runtime/greedy_head.py's exact greedy screen in one op: each row's argmax token, or an empty tensor when
-    the caller must compute the logits. rows: the values head's panels hold, row-major [V, K] (bfloat16 for
-    bf16 panels, float32 for fp32 ones): the candidates' exact logits are packed from them."""
+    the caller must compute the logits. rows: the head's weight, row-major [V, K] (float32, or bfloat16 for bf16
+    panels): the candidates' exact logits are packed from its rows, rounded to bf16 for bf16 panels."""
     return binding("bi_greedy_head")(x, pairs, out_idx, screen.data, screen.n, screen.scale, chunks, wo, g, g_max,
                                      gap_rel, head.data, rows, max_candidates)
 

@@ -16,8 +16,8 @@ scale of w_R (r what they miss). Cauchy-Schwarz bounds each missing term by norm
 row and once per x row; the floating-point errors of the screen and of the full head (sequential fp32 sums of
 at most K + 4 terms) are bounded the same way. A token is a candidate when its upper bound reaches the largest
 lower bound, less the gap the output's rounding can close (bf16 logits: 2^-5 of it). The candidates' exact
-logits come from the head's own kernel on panels of just their columns, packed from the head's rows (a
-column's result depends on nothing else), and the argmax over them, in vocabulary order, is the full head's.
+logits come from the head's own kernel on panels of just their columns, packed from the head's rows as its
+panels hold them (a column's result depends on nothing else), and the argmax over them, in vocabulary order, is the full head's.
 
 Outlier dimensions: a few hidden dimensions carry values far above the rest (SmolLM2's dimension 199), and a
 per-row int8 scale set by them would blur every other dimension. The screen arms after its first rows, keeping
@@ -56,14 +56,16 @@ class GreedyHead:
         self.packed = packed
         self.pairs = kind == torch.int16  # bf16 k-pair panels: the kernel rounds x to bf16
         self.max_rows = SCREEN_ROWS
-        # the values the head's panels hold, row-major: the codes and norms come from them, and the candidates'
-        # exact logits from their rows (a view of the engine's head where it holds these values already)
-        self.w = weight.detach().to(torch.bfloat16 if kind != torch.float32 else torch.float32).contiguous()
-        self.V, self.K = self.w.shape
+        # the engine's head, row-major, not copied: the candidates' exact logits are packed from its rows (bf16
+        # panels hold its values rounded to bf16, as the kernel's packing rounds them)
+        self.values = torch.bfloat16 if kind != torch.float32 else torch.float32  # what the panels hold
+        w = weight.detach()
+        self.rows = (w if w.dtype in (torch.float32, torch.bfloat16) else w.to(self.values)).contiguous()
+        self.V, self.K = self.rows.shape
         self.chunks = CHUNKS if self.K % (4 * CHUNKS) == 0 else 1
         # the codes of whole rows: x's outlier dimensions are zeroed before the screen, so their codes multiply
         # nothing, and the norms over whole rows bound those over the rest
-        wf = self.w.float()  # exact: bf16 or fp32 values
+        wf = self.rows.to(self.values).float()  # the panels' values, exactly
         q, sw = bi.quantize_int8(wf)
         self.screen = bi.pack_linear_w8a8(q, sw)
         # per vocabulary row: sw |q|, |r| (what the codes miss), |w|, as fp32 sums of K squares (relative error
@@ -89,7 +91,8 @@ class GreedyHead:
         self.rows_seen += xf.shape[0]
         if self.rows_seen >= ARM_ROWS:
             self.out_idx = self.seen.topk(min(OUTLIERS, self.K)).indices.sort().values
-            self.wo = self.w[:, self.out_idx].float().t().contiguous()  # [outliers, V]: the op's column blocks
+            # [outliers, V]: the op's column blocks, in the panels' values
+            self.wo = self.rows[:, self.out_idx].to(self.values).float().t().contiguous()
             self.armed = True
 
     def _x(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,5 +105,5 @@ class GreedyHead:
         # bf16 can close (2^-5 of it is two of bf16's steps even across a power of two)
         gap = 2.0 ** -5 if x.dtype == torch.bfloat16 else 0.0
         ids = bi.greedy_head(x, self.pairs, self.out_idx, self.screen, self.chunks, self.wo, self.g, self.g_max, gap,
-                             self.packed, self.w, MAX_CANDIDATES)
+                             self.packed, self.rows, MAX_CANDIDATES)
         return ids if ids.numel() else None

@@ -177,6 +177,26 @@ def test_fp32_panels_and_the_models_weight_left_as_it_was(invariant_kernels):
     assert answered > 300
 
 
+def test_bf16_panels_of_fp32_weights_round_their_candidates_rows(invariant_kernels):
+    # `--weights bf16` on a float32 model: the head's panels hold its fp32 weights rounded to bf16; the screen
+    # reads the candidates' rows from the fp32 weight itself (no bf16 copy of the head) and must round them alike
+    ops.enable_invariant(True)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(700, 64, generator=g) * 0.3  # not bf16 numbers
+    packed = bi.pack_linear(w, torch.bfloat16)
+    assert packed.data.dtype == torch.bfloat16 and GreedyHead.screens(packed)
+    gh = _armed(w, packed, torch.randn(ARM_ROWS, 64, generator=g))
+    assert gh.rows.data_ptr() == w.data_ptr()  # the engine's head, not a copy
+    answered = 0
+    for i in range(300):
+        x = torch.randn(1 + i % 8, 64, generator=g) * 2
+        got = gh.tokens(x)
+        if got is not None:
+            answered += 1
+            assert torch.equal(got, bi.linear(x, packed).float().argmax(1)), i
+    assert answered > 200
+
+
 @pytest.mark.parametrize("dtype,weights", [("float32", "auto"), ("bfloat16", "auto"), ("bfloat16", "w8a8")])
 def test_greedy_tokens_are_the_logits_argmax_past_the_screen(tmp_path, dtype, weights):
     """Past the screen's rows, where it declines (not armed, a NaN row) and for heads it does not screen (8-bit

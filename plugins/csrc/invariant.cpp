@@ -901,7 +901,8 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
 }
 
 // The head's panels for just the candidates' columns (column i: token id[i]), packed as the head's own panels
-// (fp32, widened bf16 or bf16 k-pairs; check_packed's kinds) from rows, the head's values row-major. A column's
+// (fp32, widened bf16 or bf16 k-pairs; check_packed's kinds) from rows, the head's weight row-major: fp32 rows
+// go into bf16 panels rounded to nearest even, as the panels were packed (torch's conversion). A column's
 // result under the head kernel depends on its own weights alone, so these logits are bitwise the full head's,
 // read from nc rows of weights instead of every panel that holds a candidate.
 static at::Tensor candidate_panels(const at::Tensor& head, const at::Tensor& rows, const int64_t* id, int64_t nc) {
@@ -921,6 +922,14 @@ static at::Tensor candidate_panels(const at::Tensor& head, const at::Tensor& row
     }
   };
   const auto same = [](int64_t c) { return c; };
+  if (head.scalar_type() != at::kFloat && rows.scalar_type() == at::kFloat) {  // bf16 panels of fp32 weights
+    std::vector<int64_t> dense((size_t)nc);
+    for (int64_t i = 0; i < nc; ++i) dense[i] = i;
+    const at::Tensor picked = rows.index_select(0, at::tensor(std::vector<int64_t>(id, id + nc), at::kLong))
+                                  .to(at::kBFloat16)
+                                  .contiguous();
+    return candidate_panels(head, picked, dense.data(), nc);
+  }
   if (head.scalar_type() == at::kFloat) {
     transpose(out.data_ptr<float>(), rows.data_ptr<float>(), K, same);
   } else if (head.scalar_type() == at::kShort) {
@@ -950,10 +959,11 @@ static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tens
   TORCH_CHECK(x.dim() == 2 && out_idx.scalar_type() == at::kLong, "bi_greedy_head: x must be [M, K], out_idx int64");
   const bool f32 = head.scalar_type() == at::kFloat;
   TORCH_CHECK((f32 || head.scalar_type() == at::kShort || head.scalar_type() == at::kBFloat16) && head.dim() == 3 &&
-                  rows.dim() == 2 && rows.is_contiguous() && rows.scalar_type() == (f32 ? at::kFloat : at::kBFloat16) &&
+                  rows.dim() == 2 && rows.is_contiguous() &&
+                  (rows.scalar_type() == at::kFloat || (!f32 && rows.scalar_type() == at::kBFloat16)) &&
                   rows.size(1) == x.size(1) && rows.size(0) <= head.size(0) * 32,
-              "bi_greedy_head: rows must be the head's values, [V, K] contiguous, float32 for fp32 panels and "
-              "bfloat16 for bf16 ones");
+              "bi_greedy_head: rows must be the head's weight, [V, K] contiguous, float32 (bf16 panels: float32 "
+              "or bfloat16)");
   const at::Tensor none = at::empty({0}, at::kLong);
   const at::Tensor xf = (pairs ? x.to(at::kBFloat16).to(at::kFloat) : x.to(at::kFloat)).contiguous();
   const float* xv = xf.data_ptr<float>();
