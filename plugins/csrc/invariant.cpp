@@ -945,8 +945,8 @@ static at::Tensor candidate_panels(const at::Tensor& head, const at::Tensor& row
 
 // The whole greedy screen of runtime/greedy_head.py in one op: x (the head's input rows, the head's dtype) ->
 // each row's argmax token, exactly that of the full head (the screen's bound, then the candidates' logits from
-// the head's own kernel on panels of just their columns: candidate_panels). rows: the head's values row-major
-// (bf16 for bf16 panels, fp32 for fp32 ones). pairs: the head is bf16 k-pair panels, whose kernel rounds x to
+// the head's own kernel on panels of just their columns: candidate_panels). rows: the head's weight row-major
+// (float32, or bfloat16 for bf16 panels). pairs: the head is bf16 k-pair panels, whose kernel rounds x to
 // bf16. An empty result: the caller
 // computes the logits (x not finite, or more than max_candidates candidates). One op, not a dozen small ones:
 // right after a pass that streamed every weight, each op's first touch of its code and data costs more than its
