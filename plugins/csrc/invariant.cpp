@@ -947,8 +947,8 @@ static at::Tensor candidate_panels(const at::Tensor& head, const at::Tensor& row
 // each row's argmax token, exactly that of the full head (the screen's bound, then the candidates' logits from
 // the head's own kernel on panels of just their columns: candidate_panels). rows: the head's weight row-major
 // (float32, or bfloat16 for bf16 panels). pairs: the head is bf16 k-pair panels, whose kernel rounds x to
-// bf16. An empty result: the caller
-// computes the logits (x not finite, or more than max_candidates candidates). One op, not a dozen small ones:
+// bf16. An empty result: the caller computes the logits (x not finite or its sums near fp32's range, or more
+// than max_candidates candidates). One op, not a dozen small ones:
 // right after a pass that streamed every weight, each op's first touch of its code and data costs more than its
 // work.
 static at::Tensor bi_greedy_head(const at::Tensor& x, bool pairs, const at::Tensor& out_idx,
