@@ -59,27 +59,28 @@ def _matmul(kind: str, n: int):
     return lambda: torch.matmul(a, b)
 
 
-def peak_flops(threads: int | None = None, n: int = 1024, repeats: int = 5, kind: str = "fp32") -> float:
-    """FLOP/s (2 per multiply-add) of an n x n x n torch matmul of `kind` (KINDS), best of `repeats`. Never
-    below the fp32 rate: where the CPU has no bf16 or int8 dot products (or torch no int8 matmul), our kernels
-    run those formats on fp32 FMAs."""
-    assert kind in KINDS, kind
+def _rate(kind: str, n: int, repeats: int) -> float:
+    """FLOP/s (2 per multiply-add) of an n x n x n torch matmul of `kind`, best of `repeats`; 0 where this build
+    has no such matmul."""
+    try:
+        return 2.0 * n ** 3 / _best(_matmul(kind, n), repeats)
+    except RuntimeError:
+        return 0.0
+
+
+def peaks(kinds, threads: int | None = None, repeats: int = 5, n: int = 1024) -> dict:
+    """{kind: peak FLOP/s} for each kind named (KINDS). None below the fp32 rate, probed once: where the CPU
+    has no bf16 or int8 dot products (or torch no int8 matmul), our kernels run those formats on fp32 FMAs."""
+    assert all(k in KINDS for k in kinds), kinds
     old = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        try:
-            rate = 2.0 * n ** 3 / _best(_matmul(kind, n), repeats)
-        except RuntimeError:  # no such matmul on this build
-            rate = 0.0
-        return rate if kind == "fp32" else max(rate, peak_flops(threads, n, repeats))
+        fp32 = _rate("fp32", n, repeats)
+        return {k: fp32 if k == "fp32" else max(_rate(k, n, repeats), fp32) for k in dict.fromkeys(kinds)}
     finally:
         torch.set_num_threads(old)
 
-
-def peaks(kinds, threads: int | None = None, repeats: int = 5) -> dict:
-    """{kind: peak_flops} for each kind named."""
-    return {k: peak_flops(threads, repeats=repeats, kind=k) for k in dict.fromkeys(kinds)}
 
 
 def _pack_kind(data: torch.Tensor) -> str:
@@ -96,7 +97,8 @@ def dot_kind(model, *extra) -> str:
     packs = [m.packed for m in model.modules() if isinstance(getattr(m, "packed", None), PackedLinear)]
     by: dict[str, int] = {}
     for p in packs + [p for p in extra if p is not None]:
-        by[_pack_kind(p.data)] = by.get(_pack_kind(p.data), 0) + p.nbytes()
+        kind = _pack_kind(p.data)
+        by[kind] = by.get(kind, 0) + p.nbytes()
     return max(by, key=by.get) if by else "fp32"
 
 

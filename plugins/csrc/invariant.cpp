@@ -775,8 +775,10 @@ static inline double up(double v) { return v * (1.0 + 0x1p-40); }
 // W8A8 kernel's per-row, per-chunk codes p with scales sx miss of xr, the codes quantize_rows gives the kernel;
 // 5.01 u sx|p|: its two roundings per chunk and the chunk tree), c1 = |xr|, c2 = gamma_{D+4} |x| +
 // gamma_{n_out+1} |xo| (the full head's and the outlier product's fp32 sums).
-static void screen_coefficients(const float* xr, const float* x, const float* xo, int64_t M, int64_t D,
-                                int64_t n_out, int chunks, double* coef) {
+// False, with nothing priced, where a row's |x| max_v |w_v| (w_max) reaches 2^100: every sum the screen and
+// the full head form is at most that (Cauchy-Schwarz), and the bounds assume none comes near fp32's range.
+static bool screen_coefficients(const float* xr, const float* x, const float* xo, int64_t M, int64_t D,
+                                int64_t n_out, int chunks, double w_max, double* coef) {
   const double u = 0x1p-24;
   auto gamma = [u](double n) { return n * u / (1.0 - n * u); };
   LinParams p{};
@@ -786,9 +788,16 @@ static void screen_coefficients(const float* xr, const float* x, const float* xo
   p.nchunks = chunks;
   std::vector<uint8_t> q((size_t)(M * D));
   std::vector<float> sc((size_t)(M * chunks));
+  for (int64_t m = 0; m < M; ++m) {
+    double x2 = 0;
+    for (int64_t k = 0; k < D; ++k) x2 += (double)x[m * D + k] * x[m * D + k];
+    if (!(std::sqrt(x2) * w_max < 0x1p100)) return false;
+    coef[3 * m + 2] = x2;  // |x|^2, until its row is priced below
+  }
   K().quantize_rows(p, M, q.data(), sc.data());
   for (int64_t m = 0; m < M; ++m) {
-    double e2 = 0, p2 = 0, r2 = 0, x2 = 0, o2 = 0;
+    double e2 = 0, p2 = 0, r2 = 0, o2 = 0;
+    const double x2 = coef[3 * m + 2];
     for (int64_t k = 0; k < D; ++k) {
       const double xv = xr[m * D + k];
       const double pd = ((double)q[m * D + k] - 128.0) * (double)sc[m * chunks + k / p.chunk_len];
@@ -796,12 +805,12 @@ static void screen_coefficients(const float* xr, const float* x, const float* xo
       p2 += pd * pd;
       r2 += xv * xv;
     }
-    for (int64_t k = 0; k < D; ++k) x2 += (double)x[m * D + k] * x[m * D + k];
     for (int64_t j = 0; j < n_out; ++j) o2 += (double)xo[m * n_out + j] * xo[m * n_out + j];
     coef[3 * m] = up(std::sqrt(up(e2))) + up(5.01 * u * std::sqrt(up(p2)));
     coef[3 * m + 1] = up(std::sqrt(up(r2)));
     coef[3 * m + 2] = up(gamma((double)D + 4) * std::sqrt(up(x2))) + up(gamma((double)n_out + 1) * std::sqrt(up(o2)));
   }
+  return true;
 }
 
 // approx = rest + xo . wo[:, v] (the outlier dimensions' fp32 products, in any order: gamma_{n_out+1} covers
@@ -826,18 +835,11 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
                   xr.sizes() == x.sizes() && x.size(0) == M && xo.size(0) == M && chunks > 0 && D % chunks == 0 &&
                   V > 0,
               "bi_greedy_screen: shapes do not match");
-  // every sum the screen and the full head form is at most |x| max_v |w_v| (Cauchy-Schwarz): far below fp32's
-  // range, none overflows, which the bounds assume; a row near it goes to the caller's logits
   const float* gmax = gm.data_ptr<float>();
-  const float* xs = x.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    double x2 = 0;
-    for (int64_t k = 0; k < D; ++k) x2 += (double)xs[m * D + k] * xs[m * D + k];
-    if (!(std::sqrt(x2) * gmax[2] < 0x1p100)) return at::empty({0}, at::kLong);
-  }
   std::vector<double> coef((size_t)(3 * M));
-  screen_coefficients(xr.data_ptr<float>(), x.data_ptr<float>(), xo.data_ptr<float>(), M, D, n_out, (int)chunks,
-                      coef.data());
+  if (!screen_coefficients(xr.data_ptr<float>(), x.data_ptr<float>(), xo.data_ptr<float>(), M, D, n_out,
+                           (int)chunks, gmax[2], coef.data()))
+    return at::empty({0}, at::kLong);  // a row near fp32's range: the caller's logits
   float* const ra = rest.data_ptr<float>();  // approx, in place
   const float* g0 = g.data_ptr<float>();
   const float *g1 = g0 + V, *g2 = g0 + 2 * V;
