@@ -1107,6 +1107,10 @@ using bi::NormParams;
 using bi::SiluParams;
 
 #define BI_INLINE static inline __attribute__((always_inline))
+// on every loop over a tile's accumulators (rows, panels, halves): GCC keeps an array of vector registers in
+// registers only when each of its loops is unrolled in full early, before scalar replacement; one loop left
+// rolled puts the whole array on the stack, stored and reloaded around the k loop and in the finish
+#define BI_UNROLL _Pragma("GCC unroll 16")
 
 BI_INLINE uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 BI_INLINE float u2f(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -1460,31 +1464,31 @@ template <int MR, int NP>
 static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
                         int32_t* out, const int32_t* xc) {
   __m512i acc[MR][NP][2];
-  for (int j = 0; j < NP; ++j)
-    for (int h = 0; h < 2; ++h)
-      for (int m = 0; m < MR; ++m) acc[m][j][h] = _mm512_setzero_si512();
+  BI_UNROLL for (int j = 0; j < NP; ++j)
+    BI_UNROLL for (int h = 0; h < 2; ++h)
+      BI_UNROLL for (int m = 0; m < MR; ++m) acc[m][j][h] = _mm512_setzero_si512();
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   for (int64_t q = 0; q < nq; ++q) {
     __m512i b[NP][2];
-    for (int j = 0; j < NP; ++j)
-      for (int h = 0; h < 2; ++h) {
+    BI_UNROLL for (int j = 0; j < NP; ++j)
+      BI_UNROLL for (int h = 0; h < 2; ++h) {
         b[j][h] = _mm512_xor_si512(_mm512_loadu_si512((const void*)(w + j * pstride + q * 32 + 16 * h)), flip);
         _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_QUADS) * 32 + 16 * h), _MM_HINT_T0);
         if (MR > 1) _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_FAR) * 32 + 16 * h), _MM_HINT_T1);
       }
-    for (int m = 0; m < MR; ++m) {
+    BI_UNROLL for (int m = 0; m < MR; ++m) {
       uint32_t quad;
       std::memcpy(&quad, xq + m * ldq + 4 * q, 4);
       const __m512i a = _mm512_set1_epi32((int)(quad ^ 0x80808080u));
-      for (int j = 0; j < NP; ++j)
-        for (int h = 0; h < 2; ++h) acc[m][j][h] = dpbusd(acc[m][j][h], b[j][h], a);
+      BI_UNROLL for (int j = 0; j < NP; ++j)
+        BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = dpbusd(acc[m][j][h], b[j][h], a);
     }
   }
-  for (int m = 0; m < MR; ++m) {
+  BI_UNROLL for (int m = 0; m < MR; ++m) {
     // exact mod 2^32, and the true sum fits int32
     const __m512i c = _mm512_set1_epi32(xc ? xc[m] : xs_corr(xq + m * ldq, 4 * nq));
-    for (int j = 0; j < NP; ++j)
-      for (int h = 0; h < 2; ++h)
+    BI_UNROLL for (int j = 0; j < NP; ++j)
+      BI_UNROLL for (int h = 0; h < 2; ++h)
         _mm512_storeu_si512((void*)(out + (m * NP + j) * 32 + 16 * h), _mm512_sub_epi32(acc[m][j][h], c));
   }
 }
@@ -1568,12 +1572,12 @@ template <int MR, int NP>
 static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
                         int32_t* out, const int32_t*) {
   __m256i acc[MR][4];
-  for (int m = 0; m < MR; ++m)
+  BI_UNROLL for (int m = 0; m < MR; ++m)
     for (int g = 0; g < 4; ++g) acc[m][g] = _mm256_setzero_si256();
   const __m256i c128 = _mm256_set1_epi16(128);
   for (int64_t q = 0; q < nq; ++q) {
     __m256i a[MR];
-    for (int m = 0; m < MR; ++m) {
+    BI_UNROLL for (int m = 0; m < MR; ++m) {
       int32_t quad;
       std::memcpy(&quad, xq + m * ldq + 4 * q, 4);
       a[m] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_set1_epi32(quad)), c128);
@@ -1582,13 +1586,13 @@ static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_
       const __m256i wb = _mm256_loadu_si256((const __m256i*)(w + q * 32 + 8 * g));
       const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wb));
       const __m256i wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wb, 1));
-      for (int m = 0; m < MR; ++m)
+      BI_UNROLL for (int m = 0; m < MR; ++m)
         acc[m][g] = _mm256_add_epi32(acc[m][g], _mm256_hadd_epi32(_mm256_madd_epi16(wl, a[m]),
                                                                   _mm256_madd_epi16(wh, a[m])));
     }
   }
   const __m256i idx = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
-  for (int m = 0; m < MR; ++m)
+  BI_UNROLL for (int m = 0; m < MR; ++m)
     for (int g = 0; g < 4; ++g)
       _mm256_storeu_si256((__m256i*)(out + m * NP * 32 + 8 * g), _mm256_permutevar8x32_epi32(acc[m][g], idx));
   (void)pstride;
@@ -1599,7 +1603,7 @@ BI_INLINE V16 vcvt_i32(const int32_t* p) { V16 r; for (int i = 0; i < 16; ++i) r
 template <int MR, int NP>
 static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
                         int32_t* out, const int32_t*) {
-  for (int m = 0; m < MR; ++m)
+  BI_UNROLL for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NP * 32; ++j) {
       int32_t acc = 0;
       const int8_t* wc = (const int8_t*)(w + (j / 32) * pstride + j % 32);
@@ -1659,22 +1663,33 @@ BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, 
 template <int MR, int NP>
 BI_INLINE void lin_finish(const LinParams& p, V16 (&acc)[MR][NP][2], float* acc_out, int64_t chunk_stride, bool done,
                           int64_t m0, int64_t pn0) {
+  // every loop here unrolled in full, so acc is indexed by constants and stays in registers: a loop the compiler
+  // keeps rolled sends the accumulators through the stack, 16 vector stores and reloads per tile
   if (!done) {
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NP; ++j)
-        for (int h = 0; h < 2; ++h) vstore(acc_out + (m * NP + j) * 32 + 16 * h, acc[m][j][h]);
+    BI_UNROLL for (int m = 0; m < MR; ++m)
+      BI_UNROLL for (int j = 0; j < NP; ++j)
+        BI_UNROLL for (int h = 0; h < 2; ++h) vstore(acc_out + (m * NP + j) * 32 + 16 * h, acc[m][j][h]);
     return;
   }
-  for (int j = 0; j < NP; ++j)
-    for (int h = 0; h < 2; ++h) {
+  const int nch = p.nchunks;
+  BI_UNROLL for (int j = 0; j < NP; ++j)
+    BI_UNROLL for (int h = 0; h < 2; ++h) {
       const int64_t col = (pn0 + j) * 32 + 16 * h;
       const int64_t rem = p.N - col;
       if (rem <= 0) continue;
       const int nv = rem >= 16 ? 16 : (int)rem;
       V16 bias = vzero();
       if (p.bias) bias = ld_n<false>(p.bias, col, nv);
-      for (int m = 0; m < MR; ++m) {
-        const int nch = p.nchunks;
+      BI_UNROLL for (int m = 0; m < MR; ++m) {
+        if (nch == 1) {  // the tree of one chunk: its sum
+          V16 o = acc[m][j][h];
+          if (p.bias) o = vadd(o, bias);
+          if (p.yt == bi::BF16)
+            st_n<true>(p.y, (m0 + m) * p.ldy + col, o, nv);
+          else
+            st_n<false>(p.y, (m0 + m) * p.ldy + col, o, nv);
+          continue;
+        }
         // this is chunk nch-1; chunk c's partial sits at acc_out - (nch-1-c) * chunk_stride
         const float* base = acc_out - (nch - 1) * chunk_stride + (m * NP + j) * 32 + 16 * h;
         V16 t[8];
@@ -1689,10 +1704,10 @@ BI_INLINE void lin_finish(const LinParams& p, V16 (&acc)[MR][NP][2], float* acc_
 // rounding), before the tree
 template <int MR, int NP>
 BI_INLINE void lin_scale(const LinParams& p, V16 (&acc)[MR][NP][2], int64_t pn0) {
-  for (int j = 0; j < NP; ++j)
-    for (int h = 0; h < 2; ++h) {
+  BI_UNROLL for (int j = 0; j < NP; ++j)
+    BI_UNROLL for (int h = 0; h < 2; ++h) {
       const V16 s = vload(p.ws + (pn0 + j) * 32 + 16 * h);
-      for (int m = 0; m < MR; ++m) acc[m][j][h] = vmul(acc[m][j][h], s);
+      BI_UNROLL for (int m = 0; m < MR; ++m) acc[m][j][h] = vmul(acc[m][j][h], s);
     }
 }
 
@@ -1733,24 +1748,24 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
                        float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
   const float* xc = (const float*)xv;
   V16 acc[MR][NP][2];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NP; ++j)
-      for (int h = 0; h < 2; ++h)
+  BI_UNROLL for (int m = 0; m < MR; ++m)
+    BI_UNROLL for (int j = 0; j < NP; ++j)
+      BI_UNROLL for (int h = 0; h < 2; ++h)
         acc[m][j][h] = vzero();
   if (WK == bi::F8 || WK == bi::I8) {  // the chains run over the codes' values; lin_scale scales the partials
     const uint8_t* wp[NP];
-    for (int j = 0; j < NP; ++j) wp[j] = (const uint8_t*)w + j * panel_stride;
+    BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const uint8_t*)w + j * panel_stride;
 #pragma GCC unroll 2
     for (int64_t k = 0; k < len; ++k) {
       V16 b[NP][2];
-      for (int j = 0; j < NP; ++j) {
+      BI_UNROLL for (int j = 0; j < NP; ++j) {
         if (WK == bi::F8) vload_f8x32(wp[j] + k * 32, b[j][0], b[j][1]);
         else vload_i8x32(wp[j] + k * 32, b[j][0], b[j][1]);
         if (k % 2 == 0) _mm_prefetch((const char*)(wp[j] + (k + 32) * 32), _MM_HINT_T0);
       }
-      for (int m = 0; m < MR; ++m) {
+      BI_UNROLL for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
-        for (int j = 0; j < NP; ++j) {
+        BI_UNROLL for (int j = 0; j < NP; ++j) {
           acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
           acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
         }
@@ -1760,36 +1775,36 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
     // the odd k's fma before the even one's, as vdpbf16ps orders them (lin_kernel_dp)
     const uint16_t* xh = (const uint16_t*)xv;
     const uint32_t* wp[NP];
-    for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
+    BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
 #pragma GCC unroll 2
     for (int64_t q = 0; q < len / 2; ++q) {
       V16 bo[NP][2], be[NP][2];
-      for (int j = 0; j < NP; ++j) {
+      BI_UNROLL for (int j = 0; j < NP; ++j) {
         vload_bfpair(wp[j] + q * 32, bo[j][0], be[j][0]);
         vload_bfpair(wp[j] + q * 32 + 16, bo[j][1], be[j][1]);
         prefetch_pairs<MR>(wp[j], q);
       }
-      for (int m = 0; m < MR; ++m) {
+      BI_UNROLL for (int m = 0; m < MR; ++m) {
         const uint32_t u = x_pair(xh, q * MR + m);
         const V16 ao = vset1(u2f(u & 0xFFFF0000u)), ae = vset1(u2f(u << 16));
-        for (int j = 0; j < NP; ++j)
-          for (int h = 0; h < 2; ++h) acc[m][j][h] = vfma(ae, be[j][h], vfma(ao, bo[j][h], acc[m][j][h]));
+        BI_UNROLL for (int j = 0; j < NP; ++j)
+          BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = vfma(ae, be[j][h], vfma(ao, bo[j][h], acc[m][j][h]));
       }
     }
   } else if (WK == bi::BF16) {
     const uint32_t* wp[NP];
-    for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
+    BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < len; ++k) {
       V16 b[NP][2];
-      for (int j = 0; j < NP; ++j) {
+      BI_UNROLL for (int j = 0; j < NP; ++j) {
         vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
         _mm_prefetch((const char*)(wp[j] + (k + 16) * 16), _MM_HINT_T0);  // one line per k, 1 KiB ahead
         if (MR > 1) _mm_prefetch((const char*)(wp[j] + (k + 2 * BI_PF_FAR) * 16), _MM_HINT_T1);  // and into L2, 32 KiB ahead
       }
-      for (int m = 0; m < MR; ++m) {
+      BI_UNROLL for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
-        for (int j = 0; j < NP; ++j) {
+        BI_UNROLL for (int j = 0; j < NP; ++j) {
           acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
           acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
         }
@@ -1797,19 +1812,19 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
     }
   } else {
     const float* wp[NP];
-    for (int j = 0; j < NP; ++j) wp[j] = (const float*)w + j * panel_stride;
+    BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const float*)w + j * panel_stride;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < len; ++k) {
       V16 b[NP][2];
-      for (int j = 0; j < NP; ++j) {
+      BI_UNROLL for (int j = 0; j < NP; ++j) {
         b[j][0] = vload(wp[j] + k * 32);
         b[j][1] = vload(wp[j] + k * 32 + 16);
         _mm_prefetch((const char*)(wp[j] + (k + 8) * 32), _MM_HINT_T0);
         _mm_prefetch((const char*)(wp[j] + (k + 8) * 32 + 16), _MM_HINT_T0);
       }
-      for (int m = 0; m < MR; ++m) {
+      BI_UNROLL for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
-        for (int j = 0; j < NP; ++j) {
+        BI_UNROLL for (int j = 0; j < NP; ++j) {
           acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
           acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
         }
@@ -1832,24 +1847,24 @@ template <int MR, int NP>
 static void lin_kernel_dp(const LinParams& p, const void* xv, const void* w, int64_t panel_stride, int64_t len,
                           float* acc_out, int64_t chunk_stride, bool done, int64_t m0, int64_t pn0) {
   V16 acc[MR][NP][2];
-  for (int m = 0; m < MR; ++m)
-    for (int j = 0; j < NP; ++j)
-      for (int h = 0; h < 2; ++h) acc[m][j][h] = vzero();
+  BI_UNROLL for (int m = 0; m < MR; ++m)
+    BI_UNROLL for (int j = 0; j < NP; ++j)
+      BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = vzero();
   const uint16_t* xh = (const uint16_t*)xv;
   const uint32_t* wp[NP];
-  for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
+  BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
 #pragma GCC unroll 2
   for (int64_t q = 0; q < len / 2; ++q) {
     __m512bh b[NP][2];
-    for (int j = 0; j < NP; ++j) {
+    BI_UNROLL for (int j = 0; j < NP; ++j) {
       b[j][0] = (__m512bh)_mm512_loadu_si512((const void*)(wp[j] + q * 32));
       b[j][1] = (__m512bh)_mm512_loadu_si512((const void*)(wp[j] + q * 32 + 16));
       prefetch_pairs<MR>(wp[j], q);
     }
-    for (int m = 0; m < MR; ++m) {
+    BI_UNROLL for (int m = 0; m < MR; ++m) {
       const __m512bh a = (__m512bh)_mm512_set1_epi32((int)x_pair(xh, q * MR + m));
-      for (int j = 0; j < NP; ++j)
-        for (int h = 0; h < 2; ++h) acc[m][j][h].v = _mm512_dpbf16_ps(acc[m][j][h].v, a, b[j][h]);
+      BI_UNROLL for (int j = 0; j < NP; ++j)
+        BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h].v = _mm512_dpbf16_ps(acc[m][j][h].v, a, b[j][h]);
     }
   }
   lin_finish<MR, NP>(p, acc, acc_out, chunk_stride, done, m0, pn0);
@@ -1878,7 +1893,7 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
   const float* xc = (const float*)xv;
   const __m256i hi16 = _mm256_set1_epi32((int)0xFFFF0000u);
   V16 acc[MR][1][2];
-  for (int m = 0; m < MR; ++m) acc[m][0][0] = acc[m][0][1] = vzero();
+  BI_UNROLL for (int m = 0; m < MR; ++m) acc[m][0][0] = acc[m][0][1] = vzero();
   constexpr bool bytes = WK == bi::F8 || WK == bi::I8;
   for (int64_t k0 = 0; k0 < len; k0 += KB) {
     const int64_t k1 = std::min(len, k0 + KB);
