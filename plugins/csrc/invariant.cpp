@@ -1424,7 +1424,8 @@ BI_INLINE V16 vexp(V16 x) {
 // for MR rows and NP panels; xq: row 0 at the chunk's first column (rows ldq apart); w: panel 0 at the chunk's
 // first quad (panels pstride int32 apart). Integer sums are exact, so how they are formed never shows.
 // xc: per row, 128 * sum_k (xq[m][k] - 128) over the call's quads, where the caller has it (a row's chunk is the
-// same for every panel), or nullptr; only the VNNI kernel, whose products carry that term, reads it.
+// same for every panel), or nullptr; only the VNNI kernel, whose products carry that term, reads it. The VNNI
+// kernel takes its rows' codes flipped to xq - 128 (signed bytes: flip_codes) and always with xc.
 typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*, const int32_t*);
 #ifndef BI_PF_FAR
 // 128-byte k-steps of a weight panel (32 KiB) fetched ahead into L2 by tiles of 2+ rows, besides the near L1
@@ -1454,14 +1455,28 @@ BI_INLINE int32_t xs_sum(const uint8_t* x, int64_t n) {  // sum of (x[k] - 128),
   return (int32_t)(_mm512_reduce_add_epi64(s) - 128 * n);
 }
 static int32_t xs_corr(const uint8_t* x, int64_t n) { return (int32_t)((uint32_t)xs_sum(x, n) << 7); }
-// acc + the dot products of u's unsigned and s's signed byte quads. As asm, the accumulator stays in its register:
-// GCC copies the intrinsic's tied operand through other registers and the stack (3 stores per 16 at 8 rows)
-BI_INLINE __m512i dpbusd(__m512i acc, __m512i u, __m512i s) {
-  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+// acc + the dot products of u's unsigned byte quads and the signed quad at s, broadcast by the load itself (a
+// broadcast from a general register competes with the dot products for their vector pipes). As asm, the
+// accumulator stays in its register: GCC copies the intrinsic's tied operand through other registers.
+BI_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i u, const uint8_t* s) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t*)s));
   return acc;
 }
+// rows codes xq (+128) as signed bytes xq - 128 (the same bits flipped), row m of xs ldq bytes apart
+static void flip_codes(const uint8_t* xq, int64_t ldq, int64_t rows, int64_t n, uint8_t* xs) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  for (int64_t m = 0; m < rows; ++m) {
+    int64_t k = 0;
+    for (; k + 64 <= n; k += 64)
+      _mm512_storeu_si512((void*)(xs + m * ldq + k), _mm512_xor_si512(_mm512_loadu_si512((const void*)(xq + m * ldq + k)), flip));
+    if (k < n) {
+      const __mmask64 mk = _bzhi_u64(~0ull, (unsigned)(n - k));
+      _mm512_mask_storeu_epi8(xs + m * ldq + k, mk, _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, xq + m * ldq + k), flip));
+    }
+  }
+}
 template <int MR, int NP>
-static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
+static void linq_kernel(const uint8_t* xs, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
                         int32_t* out, const int32_t* xc) {
   __m512i acc[MR][NP][2];
   BI_UNROLL for (int j = 0; j < NP; ++j)
@@ -1476,17 +1491,13 @@ static void linq_kernel(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_
         _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_QUADS) * 32 + 16 * h), _MM_HINT_T0);
         if (MR > 1) _mm_prefetch((const char*)(w + j * pstride + (q + BI_PF_FAR) * 32 + 16 * h), _MM_HINT_T1);
       }
-    BI_UNROLL for (int m = 0; m < MR; ++m) {
-      uint32_t quad;
-      std::memcpy(&quad, xq + m * ldq + 4 * q, 4);
-      const __m512i a = _mm512_set1_epi32((int)(quad ^ 0x80808080u));
+    BI_UNROLL for (int m = 0; m < MR; ++m)
       BI_UNROLL for (int j = 0; j < NP; ++j)
-        BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = dpbusd(acc[m][j][h], b[j][h], a);
-    }
+        BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = dpbusd_bcst(acc[m][j][h], b[j][h], xs + m * ldq + 4 * q);
   }
   BI_UNROLL for (int m = 0; m < MR; ++m) {
     // exact mod 2^32, and the true sum fits int32
-    const __m512i c = _mm512_set1_epi32(xc ? xc[m] : xs_corr(xq + m * ldq, 4 * nq));
+    const __m512i c = _mm512_set1_epi32(xc[m]);
     BI_UNROLL for (int j = 0; j < NP; ++j)
       BI_UNROLL for (int h = 0; h < 2; ++h)
         _mm512_storeu_si512((void*)(out + (m * NP + j) * 32 + 16 * h), _mm512_sub_epi32(acc[m][j][h], c));
@@ -1555,7 +1566,13 @@ static void linq_tiles(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t
   const int64_t nt = nq / 16 * 16;
   alignas(64) int32_t wsum[32], rest[MRQ * 32];
   linq_amx(xq, ldq, w, nt, out, wsum);
-  if (nq > nt) fk(xq + 4 * nt, ldq, w + nt * 32, pstride, nq - nt, rest, nullptr);
+  if (nq > nt) {  // < 16 quads: the VNNI kernel on their codes flipped, rows 64 bytes apart
+    alignas(64) uint8_t xs[MRQ * 64];
+    int32_t xc[MRQ];
+    flip_codes(xq + 4 * nt, ldq, mr, 4 * (nq - nt), xs);
+    for (int m = 0; m < mr; ++m) xc[m] = xs_corr(xq + m * ldq + 4 * nt, 4 * (nq - nt));
+    fk(xs, 64, w + nt * 32, pstride, nq - nt, rest, xc);
+  }
   for (int m = 0; m < mr; ++m)
     for (int j = 0; j < 32; ++j)  // exact: the true sum fits int32, so wrap-around cancels
       out[m * 32 + j] = (int32_t)((uint32_t)out[m * 32 + j] - ((uint32_t)wsum[j] << 7) +
@@ -2142,10 +2159,11 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   const int64_t nt = (rows + MRQ - 1) / MRQ;
   const int base = (int)(rows / nt), extra = (int)(rows % nt);
   const LinqFn fk_base = linq_pick<NPQ>(base), fk_extra = extra ? linq_pick<NPQ>(base + 1) : nullptr;
+  const uint8_t* xrows = p.xq + m0 * p.ldq;  // row m0's codes (the VNNI kernel's: flipped, below)
   // one panel of one tile: the chunks' exact sums, then per output element the scales and the tree over chunks
   auto run = [&](int64_t g, int64_t r, int mr, LinqFn fk, bool tiles, const int32_t* xc) {
     for (int c = 0; c < nch; ++c) {
-      const uint8_t* xk = p.xq + r * p.ldq + c * cl;
+      const uint8_t* xk = xrows + (r - m0) * p.ldq + c * cl;
       const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
 #if BI_KERNEL_PASS == 1
       if (tiles) {
@@ -2186,15 +2204,19 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
     }
     return;
   }
-  // The VNNI kernel's per-row correction terms, once per row and chunk for all panels ([chunk][row]); every tile
-  // of rows runs on a panel before the next panel, which so stays in cache for all of them (tiles outermost
-  // re-read the weights from memory once per 12 rows)
+  // The VNNI kernel's rows of flipped codes and their correction terms, once per row and chunk for all panels
+  // ([chunk][row]); every tile of rows runs on a panel before the next panel, which so stays in cache for all of
+  // them (tiles outermost re-read the weights from memory once per 12 rows)
   const int32_t* xc = nullptr;
 #if BI_KERNEL_PASS == 1
   thread_local std::vector<int32_t> xcb;
+  thread_local std::vector<uint8_t> xsb;
   if ((int64_t)xcb.size() < nch * rows) xcb.resize(nch * rows);
+  if ((int64_t)xsb.size() < rows * p.ldq) xsb.resize(rows * p.ldq);
   for (int c = 0; c < nch; ++c)
     for (int64_t m = 0; m < rows; ++m) xcb[c * rows + m] = xs_corr(p.xq + (m0 + m) * p.ldq + c * cl, cl);
+  flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data());
+  xrows = xsb.data();
   xc = xcb.data();
 #endif
   for (int64_t g = pn0; g < pn1; ++g)  // one panel per call (NPQ == 1)
@@ -2320,21 +2342,21 @@ template <int NDV, bool FULL, int QS, bool CBF>
 static void att_scores(const AttnParams& p, const int* dn, const int64_t* koff, int nb, const int64_t* qoff,
                        float* const* sc, int64_t j0, V16 scale) {
   V16 qv[QS][NDV];
-  for (int q = 0; q < QS; ++q)
-    for (int dv = 0; dv < NDV; ++dv)
+  BI_UNROLL for (int q = 0; q < QS; ++q)
+    BI_UNROLL for (int dv = 0; dv < NDV; ++dv)
       qv[q][dv] = p.qt == bi::BF16 ? ldk<true, FULL>(p.q, qoff[q] + dv * 16, dn[dv])
                                    : ldk<false, FULL>(p.q, qoff[q] + dv * 16, dn[dv]);
   V16 a[QS][16];
   for (int jj = 0; jj < 16; ++jj) {
     V16 acc[QS];
-    for (int q = 0; q < QS; ++q) acc[q] = vzero();
+    BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = vzero();
     if (jj < nb) {
-      for (int dv = 0; dv < NDV; ++dv) {
+      BI_UNROLL for (int dv = 0; dv < NDV; ++dv) {
         const V16 kv = ldk<CBF, FULL>(p.kc, koff[jj] + dv * 16, dn[dv]);
-        for (int q = 0; q < QS; ++q) acc[q] = vfma(qv[q][dv], kv, acc[q]);
+        BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = vfma(qv[q][dv], kv, acc[q]);
       }
     }
-    for (int q = 0; q < QS; ++q) a[q][jj] = acc[q];
+    BI_UNROLL for (int q = 0; q < QS; ++q) a[q][jj] = acc[q];
   }
   for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
 }
@@ -2357,29 +2379,29 @@ static void att_scores_pairs(const AttnParams& p, const int64_t* koff, int nb, c
   const uint16_t* qb = (const uint16_t*)p.q;
   const uint16_t* kb = (const uint16_t*)p.kc;
   V16 qo[QS][NP2], qe[QS][NP2];  // DP: qo holds the raw pairs
-  for (int q = 0; q < QS; ++q)
-    for (int s = 0; s < NP2; ++s) {
+  BI_UNROLL for (int q = 0; q < QS; ++q)
+    BI_UNROLL for (int s = 0; s < NP2; ++s) {
       if constexpr (DP) qo[q][s] = vload((const float*)(qb + qoff[q] + 32 * s));
       else vload_bfpair((const uint32_t*)(qb + qoff[q] + 32 * s), qo[q][s], qe[q][s]);
     }
   V16 a[QS][16];
   for (int jj = 0; jj < 16; ++jj) {
     V16 acc[QS];
-    for (int q = 0; q < QS; ++q) acc[q] = vzero();
+    BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = vzero();
     if (jj < nb) {
-      for (int s = 0; s < NP2; ++s) {
+      BI_UNROLL for (int s = 0; s < NP2; ++s) {
         const uint32_t* kp = (const uint32_t*)(kb + koff[jj] + 32 * s);
         if constexpr (DP) {
           const V16 kr = vload((const float*)kp);
-          for (int q = 0; q < QS; ++q) acc[q] = dp_pairs(acc[q], qo[q][s], kr);
+          BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = dp_pairs(acc[q], qo[q][s], kr);
         } else {
           V16 ko, ke;
           vload_bfpair(kp, ko, ke);
-          for (int q = 0; q < QS; ++q) acc[q] = vfma(qe[q][s], ke, vfma(qo[q][s], ko, acc[q]));
+          BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = vfma(qe[q][s], ke, vfma(qo[q][s], ko, acc[q]));
         }
       }
     }
-    for (int q = 0; q < QS; ++q) a[q][jj] = acc[q];
+    BI_UNROLL for (int q = 0; q < QS; ++q) a[q][jj] = acc[q];
   }
   for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
 }
@@ -2403,34 +2425,34 @@ template <int NDV, bool FULL, int QB, int NS, bool CBF>
 static void att_pv(const AttnParams& p, const int* dn, int dv0, const int64_t* voff, const int64_t* nk,
                    float* const* sc, const float* l, const int64_t* orow) {
   V16 o[QB][NS];
-  for (int q = 0; q < QB; ++q)
-    for (int s = 0; s < NS; ++s) o[q][s] = vzero();
+  BI_UNROLL for (int q = 0; q < QB; ++q)
+    BI_UNROLL for (int s = 0; s < NS; ++s) o[q][s] = vzero();
   int64_t jmin = nk[0], jmax = nk[0];
-  for (int q = 1; q < QB; ++q) { jmin = std::min(jmin, nk[q]); jmax = std::max(jmax, nk[q]); }
+  BI_UNROLL for (int q = 1; q < QB; ++q) { jmin = std::min(jmin, nk[q]); jmax = std::max(jmax, nk[q]); }
   const float* s[QB];
-  for (int q = 0; q < QB; ++q) s[q] = sc[q];
+  BI_UNROLL for (int q = 0; q < QB; ++q) s[q] = sc[q];
   for (int64_t j = 0; j < jmin; ++j) {
     V16 v[NS];
-    for (int d = 0; d < NS; ++d) v[d] = ldk<CBF, FULL>(p.vc, voff[j] + (dv0 + d) * 16, dn[dv0 + d]);
-    for (int q = 0; q < QB; ++q) {
+    BI_UNROLL for (int d = 0; d < NS; ++d) v[d] = ldk<CBF, FULL>(p.vc, voff[j] + (dv0 + d) * 16, dn[dv0 + d]);
+    BI_UNROLL for (int q = 0; q < QB; ++q) {
       const V16 pj = vset1(s[q][j]);
-      for (int d = 0; d < NS; ++d) o[q][d] = vfma(pj, v[d], o[q][d]);
+      BI_UNROLL for (int d = 0; d < NS; ++d) o[q][d] = vfma(pj, v[d], o[q][d]);
     }
   }
   for (int64_t j = jmin; j < jmax; ++j) {  // causal triangle: not every query sees key j
     V16 v[NS];
-    for (int d = 0; d < NS; ++d) v[d] = ldk<CBF, FULL>(p.vc, voff[j] + (dv0 + d) * 16, dn[dv0 + d]);
-    for (int q = 0; q < QB; ++q) {
+    BI_UNROLL for (int d = 0; d < NS; ++d) v[d] = ldk<CBF, FULL>(p.vc, voff[j] + (dv0 + d) * 16, dn[dv0 + d]);
+    BI_UNROLL for (int q = 0; q < QB; ++q) {
       if (j < nk[q]) {
         const V16 pj = vset1(s[q][j]);
-        for (int d = 0; d < NS; ++d) o[q][d] = vfma(pj, v[d], o[q][d]);
+        BI_UNROLL for (int d = 0; d < NS; ++d) o[q][d] = vfma(pj, v[d], o[q][d]);
       }
     }
   }
-  for (int q = 0; q < QB; ++q) {
+  BI_UNROLL for (int q = 0; q < QB; ++q) {
     if (nk[q] <= 0) continue;
     const V16 lv = vset1(l[q]);
-    for (int d = 0; d < NS; ++d) {
+    BI_UNROLL for (int d = 0; d < NS; ++d) {
       const V16 r = vdiv(o[q][d], lv);
       if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, dn[dv0 + d]);
       else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, dn[dv0 + d]);
