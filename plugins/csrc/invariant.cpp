@@ -1462,16 +1462,18 @@ BI_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i u, const uint8_t* s) {
   __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t*)s));
   return acc;
 }
-// rows codes xq (+128) as signed bytes xq - 128 (the same bits flipped), row m of xs ldq bytes apart
+// n codes of each of the rows xq (+128) as signed bytes xq - 128 (the top bit flipped) in xs; rows ldq apart
 static void flip_codes(const uint8_t* xq, int64_t ldq, int64_t rows, int64_t n, uint8_t* xs) {
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   for (int64_t m = 0; m < rows; ++m) {
+    const uint8_t* src = xq + m * ldq;
+    uint8_t* dst = xs + m * ldq;
     int64_t k = 0;
     for (; k + 64 <= n; k += 64)
-      _mm512_storeu_si512((void*)(xs + m * ldq + k), _mm512_xor_si512(_mm512_loadu_si512((const void*)(xq + m * ldq + k)), flip));
+      _mm512_storeu_si512((void*)(dst + k), _mm512_xor_si512(_mm512_loadu_si512((const void*)(src + k)), flip));
     if (k < n) {
       const __mmask64 mk = _bzhi_u64(~0ull, (unsigned)(n - k));
-      _mm512_mask_storeu_epi8(xs + m * ldq + k, mk, _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, xq + m * ldq + k), flip));
+      _mm512_mask_storeu_epi8(dst + k, mk, _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, src + k), flip));
     }
   }
 }
@@ -1680,8 +1682,6 @@ BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, 
 template <int MR, int NP>
 BI_INLINE void lin_finish(const LinParams& p, V16 (&acc)[MR][NP][2], float* acc_out, int64_t chunk_stride, bool done,
                           int64_t m0, int64_t pn0) {
-  // every loop here unrolled in full, so acc is indexed by constants and stays in registers: a loop the compiler
-  // keeps rolled sends the accumulators through the stack, 16 vector stores and reloads per tile
   if (!done) {
     BI_UNROLL for (int m = 0; m < MR; ++m)
       BI_UNROLL for (int j = 0; j < NP; ++j)
