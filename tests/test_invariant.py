@@ -125,6 +125,24 @@ def test_linear_rows_bitwise_invariant(wdtype):
     assert _same(bi.linear(wide, pk, b), full)
 
 
+@pytest.mark.parametrize("k", [576, 584])  # 288 k-pairs, and 292: four past the last whole 16
+def test_bf16_rows_on_pair_panels_bitwise_invariant(k):
+    """A bf16 x on bf16 k-pair panels (a bf16 model's verify block: 8-row tiles read the rows as given): every
+    row's bits are its own alone, at any batch size and position, on a strided view, and those of the same row
+    given as fp32 (which the kernel rounds to bf16 itself)."""
+    n = 200
+    pk = bi.pack_linear_bf16_pairs(_randn(n, k, seed=70, dtype=torch.bfloat16))
+    x = _randn(48, k, seed=71, dtype=torch.bfloat16)
+    alone = torch.cat([bi.linear(x[i:i + 1], pk) for i in range(48)])
+    for m in (2, 7, 8, 9, 16, 17, 48):
+        assert _same(bi.linear(x[:m], pk), alone[:m]), m
+    for start in (1, 13, 30):
+        assert _same(bi.linear(x[start:start + 8], pk), alone[start:start + 8]), start
+    wide = torch.cat([x, _randn(48, 6, seed=72, dtype=torch.bfloat16)], dim=1)[:, :k]
+    assert _same(bi.linear(wide[:8], pk), alone[:8])
+    assert _same(bi.linear(x[:8].float(), pk).to(torch.bfloat16), alone[:8])
+
+
 @pytest.mark.parametrize("k,n,m", [(576, 1536, 5), (1536, 576, 3), (576, 49152, 1), (100, 1000, 9), (33, 5, 2),
                                    (576, 192, 33), (7, 64, 1)])
 def test_linear_close_to_torch(k, n, m):

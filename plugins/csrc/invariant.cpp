@@ -2016,6 +2016,43 @@ static int np_of(int mr, int want) {
 
 static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1);
 
+#if BI_KERNEL_PASS == 1
+// d[q * 8 + m] = rows[m][q] for q < nq: 8 rows of bf16 k-pairs interleaved as an 8-row tile reads them, 16
+// pairs of every row at a time by three rounds of two-source permutes (the element-wise copy, a load and a store
+// per pair, cost an 8-row pass ~0.15 ms)
+static void interleave_pairs8(const uint32_t* const* rows, int64_t nq, uint32_t* d) {
+  // round r merges two vectors of [q][g] (g rows each) into two of [q][2g]: element e of the output holding
+  // q's from q0 on is, with j = e / (2g) and s = e % (2g), row s of q0 + j, from the first source where s < g
+  auto index = [](int g, int q0) {
+    alignas(64) int32_t ix[16];
+    for (int e = 0; e < 16; ++e) {
+      const int j = e / (2 * g) + q0, s = e % (2 * g);
+      ix[e] = s < g ? j * g + s : 16 + j * g + s - g;
+    }
+    return _mm512_load_si512((const void*)ix);
+  };
+  static const __m512i i1[2] = {index(1, 0), index(1, 8)}, i2[2] = {index(2, 0), index(2, 4)},
+                       i3[2] = {index(4, 0), index(4, 2)};
+  int64_t q = 0;
+  for (; q + 16 <= nq; q += 16) {
+    __m512i r[8], a[8], b[8];
+    for (int m = 0; m < 8; ++m) r[m] = _mm512_loadu_si512((const void*)(rows[m] + q));
+    for (int i = 0; i < 4; ++i)  // a[i][h]: q's 8h.. of rows 2i, 2i+1
+      for (int h = 0; h < 2; ++h) a[2 * i + h] = _mm512_permutex2var_epi32(r[2 * i], i1[h], r[2 * i + 1]);
+    for (int i = 0; i < 2; ++i)  // b[i][h][k]: q's 8h + 4k.. of rows 4i..4i+3
+      for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 2; ++k)
+          b[4 * i + 2 * h + k] = _mm512_permutex2var_epi32(a[4 * i + h], i2[k], a[4 * i + 2 + h]);
+    for (int hk = 0; hk < 4; ++hk)  // q's 4 hk + 2 l.. of all 8 rows
+      for (int l = 0; l < 2; ++l)
+        _mm512_storeu_si512((void*)(d + (q + 4 * hk + 2 * l) * 8),
+                            _mm512_permutex2var_epi32(b[hk], i3[l], b[4 + hk]));
+  }
+  for (; q < nq; ++q)
+    for (int m = 0; m < 8; ++m) std::memcpy(d + q * 8 + m, rows[m] + q, 4);
+}
+#endif
+
 static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
   if (p.wt == bi::I8Q) return linear_tile_q(p, m0, m1, pn0, pn1);
   // rows in cache blocks (x block ~ 768 KiB), each block in balanced tiles of <= mr_max_for(wt) rows; per group of
@@ -2056,6 +2093,16 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
       int64_t r = b0;
       for (int64_t t = 0; t < nt; ++t) {
         const int mr = base + (t < extra ? 1 : 0);
+#if BI_KERNEL_PASS == 1
+        if (mr == 8 && p.xh) {  // a verify block's rows, as they are
+          const uint32_t* rows8[8];
+          for (int m = 0; m < 8; ++m) rows8[m] = (const uint32_t*)(p.xh + (r + m) * p.ldx + p.xk0);
+          interleave_pairs8(rows8, kx / 2, (uint32_t*)d);
+          d += mr * kx;
+          r += mr;
+          continue;
+        }
+#endif
         for (int m = 0; m < mr; ++m) {
           const uint16_t* h;
           if (p.xh) {
