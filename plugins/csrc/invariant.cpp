@@ -2018,8 +2018,8 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
 
 #if BI_KERNEL_PASS == 1
 // d[q * 8 + m] = rows[m][q] for q < nq: 8 rows of bf16 k-pairs interleaved as an 8-row tile reads them, 16
-// pairs of every row at a time by three rounds of two-source permutes (the element-wise copy, a load and a store
-// per pair, cost an 8-row pass ~0.15 ms)
+// pairs of every row at a time by three rounds of two-source permutes, where an element-wise copy takes a load
+// and a store per pair
 static void interleave_pairs8(const uint32_t* const* rows, int64_t nq, uint32_t* d) {
   // round r merges two vectors of [q][g] (g rows each) into two of [q][2g]: element e of the output holding
   // q's from q0 on is, with j = e / (2g) and s = e % (2g), row s of q0 + j, from the first source where s < g
