@@ -1462,12 +1462,13 @@ BI_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i u, const uint8_t* s) {
   __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t*)s));
   return acc;
 }
-// n codes of each of the rows xq (+128) as signed bytes xq - 128 (the top bit flipped) in xs; rows ldq apart
-static void flip_codes(const uint8_t* xq, int64_t ldq, int64_t rows, int64_t n, uint8_t* xs) {
+// n codes of each of the rows xq (+128, rows ldq apart) as signed bytes xq - 128 (the top bit flipped) in xs
+// (rows lds apart)
+static void flip_codes(const uint8_t* xq, int64_t ldq, int64_t rows, int64_t n, uint8_t* xs, int64_t lds) {
   const __m512i flip = _mm512_set1_epi8((char)0x80);
   for (int64_t m = 0; m < rows; ++m) {
     const uint8_t* src = xq + m * ldq;
-    uint8_t* dst = xs + m * ldq;
+    uint8_t* dst = xs + m * lds;
     int64_t k = 0;
     for (; k + 64 <= n; k += 64)
       _mm512_storeu_si512((void*)(dst + k), _mm512_xor_si512(_mm512_loadu_si512((const void*)(src + k)), flip));
@@ -1571,7 +1572,7 @@ static void linq_tiles(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t
   if (nq > nt) {  // < 16 quads: the VNNI kernel on their codes flipped, rows 64 bytes apart
     alignas(64) uint8_t xs[MRQ * 64];
     int32_t xc[MRQ];
-    flip_codes(xq + 4 * nt, ldq, mr, 4 * (nq - nt), xs);
+    flip_codes(xq + 4 * nt, ldq, mr, 4 * (nq - nt), xs, 64);
     for (int m = 0; m < mr; ++m) xc[m] = xs_corr(xq + m * ldq + 4 * nt, 4 * (nq - nt));
     fk(xs, 64, w + nt * 32, pstride, nq - nt, rest, xc);
   }
@@ -2262,7 +2263,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   if ((int64_t)xsb.size() < rows * p.ldq) xsb.resize(rows * p.ldq);
   for (int c = 0; c < nch; ++c)
     for (int64_t m = 0; m < rows; ++m) xcb[c * rows + m] = xs_corr(p.xq + (m0 + m) * p.ldq + c * cl, cl);
-  flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data());
+  flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data(), p.ldq);
   xrows = xsb.data();
   xc = xcb.data();
 #endif
