@@ -82,7 +82,6 @@ def peaks(kinds, threads: int | None = None, repeats: int = 5, n: int = 1024) ->
         torch.set_num_threads(old)
 
 
-
 def _pack_kind(data: torch.Tensor) -> str:
     # bf16 k-pair panels are int16, W8A8 k-quads int32; fp32, widened-bf16, int8 (W8A16) and fp8 panels are
     # widened to fp32 in registers

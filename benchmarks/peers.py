@@ -15,10 +15,10 @@ llama.cpp's DFlash (its llama-speculative-simple from --llamacpp-bin) with our d
 the same token ids (chat template applied by our tokenizer). Reported per peer: e2e tokens/s (all output tokens /
 all wall time, prefill included), decode tokens/s ((tokens - 1) / (time after the first token)), its ms per
 token beside the floor (weight bytes per step / read bandwidth, FLOPs per step / the peak rate of its dot
-products, over tau: the floors of benchmarks/membw.py), TTFT, tau, the ratio to our AR and how many outputs equal our AR's. Peers load
-once and run interleaved prompt by prompt, after one warm-up each, so background load on a shared machine hits
-all of them alike. llama-cpp-python is optional: `pip install llama-cpp-python` compiles llama.cpp for several
-minutes.
+products, over tau: the floors of benchmarks/membw.py), TTFT, tau, the ratio to our AR and how many outputs
+equal our AR's. Peers load once and run interleaved prompt by prompt, after one warm-up each, so background
+load on a shared machine hits all of them alike. llama-cpp-python is optional: `pip install llama-cpp-python`
+compiles llama.cpp for several minutes.
 """
 from __future__ import annotations
 

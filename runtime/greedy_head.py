@@ -17,7 +17,8 @@ row and once per x row; the floating-point errors of the screen and of the full 
 at most K + 4 terms) are bounded the same way. A token is a candidate when its upper bound reaches the largest
 lower bound, less the gap the output's rounding can close (bf16 logits: 2^-5 of it). The candidates' exact
 logits come from the head's own kernel on panels of just their columns, packed from the head's rows as its
-panels hold them (a column's result depends on nothing else), and the argmax over them, in vocabulary order, is the full head's.
+panels hold them (a column's result depends on nothing else), and the argmax over them, in vocabulary order,
+is the full head's.
 
 Outlier dimensions: a few hidden dimensions carry values far above the rest (SmolLM2's dimension 199), and a
 per-row int8 scale set by them would blur every other dimension. The screen arms after its first rows, keeping

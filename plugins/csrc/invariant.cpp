@@ -1654,6 +1654,15 @@ BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
   }
 }
 
+// One output vector: its sum + bias, stored at (row, col) in y's dtype.
+BI_INLINE void out_store(const LinParams& p, V16 o, const V16& bias, int64_t row, int64_t col, int nv) {
+  if (p.bias) o = vadd(o, bias);
+  if (p.yt == bi::BF16)
+    st_n<true>(p.y, row * p.ldy + col, o, nv);
+  else
+    st_n<false>(p.y, row * p.ldy + col, o, nv);
+}
+
 // One output vector from its chunks' partials t[0..nch): the pairwise tree, + bias, stored at (row, col).
 BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, int64_t row, int64_t col, int nv) {
   // level st adds chunk c+st into chunk c (c multiple of 2 st); the chunk counts bi_linear allows are spelled out
@@ -1669,11 +1678,7 @@ BI_INLINE void tree_store(const LinParams& p, V16* t, int nch, const V16& bias, 
         for (int c = 0; c + st < nch; c += 2 * st) t[c] = vadd(t[c], t[c + st]);
       o = t[0];
   }
-  if (p.bias) o = vadd(o, bias);
-  if (p.yt == bi::BF16)
-    st_n<true>(p.y, row * p.ldy + col, o, nv);
-  else
-    st_n<false>(p.y, row * p.ldy + col, o, nv);
+  out_store(p, o, bias, row, col, nv);
 }
 
 // ---- linear microkernel: MR rows x NP panels of 32 columns ----------------------------------------------
@@ -1699,13 +1704,8 @@ BI_INLINE void lin_finish(const LinParams& p, V16 (&acc)[MR][NP][2], float* acc_
       V16 bias = vzero();
       if (p.bias) bias = ld_n<false>(p.bias, col, nv);
       BI_UNROLL for (int m = 0; m < MR; ++m) {
-        if (nch == 1) {  // the tree of one chunk: its sum
-          V16 o = acc[m][j][h];
-          if (p.bias) o = vadd(o, bias);
-          if (p.yt == bi::BF16)
-            st_n<true>(p.y, (m0 + m) * p.ldy + col, o, nv);
-          else
-            st_n<false>(p.y, (m0 + m) * p.ldy + col, o, nv);
+        if (nch == 1) {  // the tree of one chunk: its sum, straight from the register
+          out_store(p, acc[m][j][h], bias, m0 + m, col, nv);
           continue;
         }
         // this is chunk nch-1; chunk c's partial sits at acc_out - (nch-1-c) * chunk_stride
