@@ -92,8 +92,8 @@ class GreedyHead:
         self.rows_seen += xf.shape[0]
         if self.rows_seen >= ARM_ROWS:
             self.out_idx = self.seen.topk(min(OUTLIERS, self.K)).indices.sort().values
-            # [outliers, V]: the op's column blocks, in the panels' values
-            self.wo = self.rows[:, self.out_idx].to(self.values).float().t().contiguous()
+            # [outliers, V]: the op's column blocks, in the panels' values (bf16 ones read at half the bytes)
+            self.wo = self.rows[:, self.out_idx].to(self.values).t().contiguous()
             self.armed = True
 
     def _x(self, x: torch.Tensor) -> torch.Tensor:

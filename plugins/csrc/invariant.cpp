@@ -148,9 +148,10 @@ struct Kernels {
   void (*quantize_rows)(const LinParams&, int64_t M, uint8_t* q, float* s);
   // the greedy head screen's passes. approx: a[m][v] += sum_j xo[m][j] wo[j][v] in fp32, in any order (the
   // screen's bound covers every order), for rows m < M and columns [v0, v1) of V, with each row's largest a
-  // and |a| over those columns in mx[m], mabs[m]. at_least: the indices of a >= t, ascending, appended to out
-  void (*approx)(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
-                 float* a, float* mx, float* mabs);
+  // and |a| over those columns in mx[m], mabs[m]; wo float32, or bfloat16 where wbf. at_least: the indices of
+  // a >= t, ascending, appended to out
+  void (*approx)(const float* xo, int64_t M, int64_t n_out, const void* wo, bool wbf, int64_t V, int64_t v0,
+                 int64_t v1, float* a, float* mx, float* mabs);
   void (*at_least)(const float* a, int64_t n, float t, std::vector<int64_t>& out);
   // 1 / sum_j exp(a_j - m): the softmax probability of a maximum m of the n floats
   float (*row_top_probability)(const void* a, int64_t n, bool bf, float m);
@@ -828,8 +829,11 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
     TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 2, "bi_greedy_screen: ", what,
                 " must be a contiguous float32 matrix");
   };
-  f32(rest, "rest"); f32(wo, "wo"); f32(xr, "xr"); f32(x, "x"); f32(xo, "xo"); f32(g, "g");
+  f32(rest, "rest"); f32(xr, "xr"); f32(x, "x"); f32(xo, "xo"); f32(g, "g");
   TORCH_CHECK(gm.scalar_type() == at::kFloat && gm.numel() == 3, "bi_greedy_screen: gm must be g's 3 row maxima");
+  TORCH_CHECK((wo.scalar_type() == at::kFloat || wo.scalar_type() == at::kBFloat16) && wo.is_contiguous() &&
+                  wo.dim() == 2,
+              "bi_greedy_screen: wo must be a contiguous float32 or bfloat16 matrix");
   const int64_t M = rest.size(0), V = rest.size(1), D = x.size(1), n_out = xo.size(1);
   TORCH_CHECK(wo.size(0) == n_out && wo.size(1) == V && g.size(0) == 3 && g.size(1) == V &&
                   xr.sizes() == x.sizes() && x.size(0) == M && xo.size(0) == M && chunks > 0 && D % chunks == 0 &&
@@ -858,7 +862,8 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
     int64_t v0, v1;
     balanced((V + 15) / 16, nt, me, v0, v1);
     if (v0 * 16 < V)
-      kt.approx(xo.data_ptr<float>(), M, n_out, wo.data_ptr<float>(), V, v0 * 16, std::min(V, v1 * 16), ra,
+      kt.approx(xo.data_ptr<float>(), M, n_out, wo.data_ptr(), wo.scalar_type() == at::kBFloat16, V, v0 * 16,
+                std::min(V, v1 * 16), ra,
                 part_hi.data() + me * M, part_abs.data() + me * M);
 #pragma omp barrier
     std::vector<int64_t> near;
@@ -2711,33 +2716,36 @@ static float row_top_probability(const void* a, int64_t n, bool bf, float m) {
   return bf ? row_top_probability_t<true>(a, n, m) : row_top_probability_t<false>(a, n, m);
 }
 
-// MG rows' approximations over columns [v0, v1) (Kernels::approx): the rows share each weight load, and two
-// chains per row (even and odd j) keep the FMAs from waiting on each other. One pass: the column block is
-// still in registers when its maxima are taken.
-template <int MG>
-static void approx_rows(const float* xo, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
-                        float* a, float* mx, float* mabs) {
+// MG rows' approximations over columns [v0, v1) (Kernels::approx): the rows share each weight load, and up to 4
+// rows take two chains each (even and odd j) so that the FMAs do not wait on each other (more rows are chains
+// enough). One pass: the column block is still in registers when its maxima are taken.
+template <int MG, bool WBF>
+static void approx_rows(const float* xo, int64_t n_out, const void* wo, int64_t V, int64_t v0, int64_t v1, float* a,
+                        float* mx, float* mabs) {
+  constexpr int CH = MG > 4 ? 1 : 2;
   V16 hi[MG], ab[MG];
   float tail_hi[MG], tail_ab[MG];
-  for (int m = 0; m < MG; ++m) hi[m] = vset1(-INFINITY), ab[m] = vzero(), tail_hi[m] = -INFINITY, tail_ab[m] = 0.0f;
+  BI_UNROLL for (int m = 0; m < MG; ++m) hi[m] = vset1(-INFINITY), ab[m] = vzero(), tail_hi[m] = -INFINITY, tail_ab[m] = 0.0f;
   for (int64_t v = v0; v < v1; v += 16) {
     const int nv = (int)std::min<int64_t>(16, v1 - v);
-    V16 acc[MG][2];
-    for (int m = 0; m < MG; ++m) acc[m][0] = acc[m][1] = vzero();
+    V16 acc[MG][CH];
+    BI_UNROLL for (int m = 0; m < MG; ++m)
+      BI_UNROLL for (int h = 0; h < CH; ++h) acc[m][h] = vzero();
     for (int64_t j = 0; j < n_out; ++j) {
-      const V16 w = nv == 16 ? vload(wo + j * V + v) : vload_n(wo + j * V + v, nv);
-      const int h = (int)(j & 1);
-      for (int m = 0; m < MG; ++m) acc[m][h] = vfma(vset1(xo[m * n_out + j]), w, acc[m][h]);
+      const V16 w = ld_n<WBF>(wo, j * V + v, nv);
+      const int h = CH == 2 ? (int)(j & 1) : 0;
+      BI_UNROLL for (int m = 0; m < MG; ++m) acc[m][h] = vfma(vset1(xo[m * n_out + j]), w, acc[m][h]);
     }
-    for (int m = 0; m < MG; ++m) {
+    BI_UNROLL for (int m = 0; m < MG; ++m) {
       float* row = a + m * V + v;
+      const V16 sum = CH == 2 ? vadd(acc[m][0], acc[m][CH - 1]) : acc[m][0];
       if (nv == 16) {
-        const V16 r = vadd(vload(row), vadd(acc[m][0], acc[m][1]));
+        const V16 r = vadd(vload(row), sum);
         vstore(row, r);
         hi[m] = vmax(hi[m], r);
         ab[m] = vmax(ab[m], vmax(r, vsub(vzero(), r)));
       } else {  // the last block's lanes one by one: lanes past the end must not reach the maxima
-        const V16 r = vadd(vload_n(row, nv), vadd(acc[m][0], acc[m][1]));
+        const V16 r = vadd(vload_n(row, nv), sum);
         vstore_n(row, r, nv);
         for (int i = 0; i < nv; ++i) {
           tail_hi[m] = std::max(tail_hi[m], row[i]);
@@ -2746,17 +2754,25 @@ static void approx_rows(const float* xo, int64_t n_out, const float* wo, int64_t
       }
     }
   }
-  for (int m = 0; m < MG; ++m) {
+  BI_UNROLL for (int m = 0; m < MG; ++m) {
     mx[m] = std::max(hmax(hi[m]), tail_hi[m]);
     mabs[m] = std::max(hmax(ab[m]), tail_ab[m]);
   }
 }
 
-static void approx(const float* xo, int64_t M, int64_t n_out, const float* wo, int64_t V, int64_t v0, int64_t v1,
-                   float* a, float* mx, float* mabs) {
+static void approx(const float* xo, int64_t M, int64_t n_out, const void* wo, bool wbf, int64_t V, int64_t v0,
+                   int64_t v1, float* a, float* mx, float* mabs) {
+  // AVX-512's 32 registers hold 8 rows' chains and maxima: the weights are read once for a verify block
+#if BI_KERNEL_PASS == 1
+  constexpr int MG = 8;
+#else
+  constexpr int MG = 4;
+#endif
   for (int64_t m0 = 0; m0 < M;)
-    m0 += widest_upto<4>((int)(M - m0), [&](auto w) {
-      approx_rows<decltype(w)::value>(xo + m0 * n_out, n_out, wo, V, v0, v1, a + m0 * V, mx + m0, mabs + m0);
+    m0 += widest_upto<MG>((int)(M - m0), [&](auto w) {
+      constexpr int W = decltype(w)::value;
+      if (wbf) approx_rows<W, true>(xo + m0 * n_out, n_out, wo, V, v0, v1, a + m0 * V, mx + m0, mabs + m0);
+      else approx_rows<W, false>(xo + m0 * n_out, n_out, wo, V, v0, v1, a + m0 * V, mx + m0, mabs + m0);
     });
 }
 
