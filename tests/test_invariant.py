@@ -442,16 +442,22 @@ def test_attention_close_to_sdpa(h, kvh, d):
     assert _same(out4, attn(q, kc, vc, seqs, slots, offs, scale))
 
 
-@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (4, 2, 128)])
-def test_attention_row_invariance(h, kvh, d):
+@pytest.mark.parametrize("h,kvh,d,dtype", [(9, 3, 64, torch.float32), (4, 2, 128, torch.float32),
+                                            (9, 3, 64, torch.bfloat16), (4, 2, 128, torch.bfloat16)])
+def test_attention_row_invariance(h, kvh, d, dtype):
     """One query row: alone (decode), inside its prefill chunk, inside a 16-row verify block, and packed with
-    other sequences, all bitwise equal."""
+    other sequences, all bitwise equal; bf16 takes the k-pair scores and the key-pair PV, whose pairs run past a
+    row's last key (and, at an odd count, past the sequence's: the cache slots no sequence holds are NaN here)."""
     L = 333
-    kc, vc, slots, offs = paged_layout([L, 90, 200], kvh, d, seed=120)
-    qall = _randn(L, h, d, seed=121)  # the query of every position of sequence 0
+    kc, vc, slots, offs = paged_layout([L, 90, 200], kvh, d, seed=120, dtype=dtype)
+    unused = torch.ones(kc.shape[0], dtype=torch.bool)
+    unused[slots] = False
+    kc[unused], vc[unused] = float("nan"), float("nan")
+    qall = _randn(L, h, d, seed=121, dtype=dtype)  # the query of every position of sequence 0
     scale = d ** -0.5
     # whole sequence as one prefill chunk
     prefill = attn(qall, kc, vc, [(0, L, L)], slots, offs[:1], scale)
+    assert bool(prefill.isfinite().all())
     # a prefill chunk of the last 100 rows
     chunk = attn(qall[L - 100:], kc, vc, [(0, 100, L)], slots, offs[:1], scale)
     assert _same(chunk, prefill[L - 100:])
@@ -463,7 +469,7 @@ def test_attention_row_invariance(h, kvh, d):
         blk = attn(qall[end - 16:end], kc, vc, [(0, 16, end)], slots, offs[:1], scale)
         assert _same(blk, prefill[end - 16:end]), end
     # packed with other sequences (other sequence first, ours second, another after)
-    other_q = _randn(7 + 12, h, d, seed=122)
+    other_q = _randn(7 + 12, h, d, seed=122, dtype=dtype)
     q = torch.cat([other_q[:7], qall[L - 16:], other_q[7:]])
     seqs = [(0, 7, 90), (7, 16, L), (23, 12, 200)]
     offs3 = torch.tensor([int(offs[1]), 0, int(offs[2])])

@@ -2366,6 +2366,8 @@ template <int NDV>
 struct AttQB { enum { v = NDV <= 3 ? 8 : (NDV == 4 ? 6 : (NDV <= 6 ? 4 : (NDV <= 8 ? 3 : 1))) }; };
 template <int NDV>
 struct AttNS { enum { v = NDV }; };
+template <int NDV>
+struct AttQP { enum { v = 6 }; };  // PV from key pairs: 6 queries' 4 accumulators, 4 interleaved V vectors
 #elif BI_KERNEL_PASS == 2
 // 16 ymm registers: a score keeps one widened key slice and one accumulator per query (the query slices are
 // fma memory operands); PV runs one 16-lane slice of D at a time for 4 queries (8 accumulators)
@@ -2375,6 +2377,8 @@ template <int NDV>
 struct AttQB { enum { v = 4 }; };
 template <int NDV>
 struct AttNS { enum { v = 1 }; };
+template <int NDV>
+struct AttQP { enum { v = 1 }; };
 #else
 template <int NDV>
 struct AttQS { enum { v = 1 }; };
@@ -2382,6 +2386,8 @@ template <int NDV>
 struct AttQB { enum { v = 1 }; };
 template <int NDV>
 struct AttNS { enum { v = NDV }; };
+template <int NDV>
+struct AttQP { enum { v = 1 }; };
 #endif
 
 template <bool CBF, bool FULL>
@@ -2513,6 +2519,91 @@ static void att_pv(const AttnParams& p, const int* dn, int dv0, const int64_t* v
   }
 }
 
+// A bf16 model's PV (bf16 V, D a multiple of 64; att_scores_pairs' condition) from key pairs: the softmax
+// numerators rounded to bf16 (pb: each query's, zero past its last key, to the item's even end), and per pair of
+// keys j, j + 1 one step per lane adding p_{j+1} v_{j+1}, then p_j v_j (products of two bf16 are exact in fp32,
+// so each add is one rounding: vdpbf16ps on V's rows interleaved by key, one instruction per 32 multiply-adds
+// where fp32 numerators take two fmas and the widening of each row). Over 64 dims from slice dv0, QB queries;
+// keys past the item's last (nk_max) add nothing. A query's zeros add exactly nothing (the sum starts at +0 and
+// a sum of p v with p >= 0 never becomes -0), so its bits do not depend on the item's other queries.
+template <int QB>
+static void att_pv_pairs(const AttnParams& p, int dv0, const int64_t* voff, int64_t jend, int64_t nk_max,
+                         const uint16_t* const* pb, const float* l, const int64_t* orow, const int64_t* nk) {
+  const uint16_t* vb = (const uint16_t*)p.vc;
+  V16 o[QB][4];
+  BI_UNROLL for (int q = 0; q < QB; ++q)
+    BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vzero();
+  for (int64_t j = 0; j < jend; j += 2) {
+    const bool odd = j + 1 < nk_max;
+    V16 ve[4], vo[4];
+    BI_UNROLL for (int d = 0; d < 4; ++d) {
+      ve[d] = vload_bf(vb + voff[j] + (dv0 + d) * 16);
+      vo[d] = odd ? vload_bf(vb + voff[j + 1] + (dv0 + d) * 16) : vzero();
+    }
+    BI_UNROLL for (int q = 0; q < QB; ++q) {
+      const V16 pe = vset1(u2f((uint32_t)pb[q][j] << 16)), po = vset1(u2f((uint32_t)pb[q][j + 1] << 16));
+      BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vfma(pe, ve[d], vfma(po, vo[d], o[q][d]));
+    }
+  }
+  BI_UNROLL for (int q = 0; q < QB; ++q) {
+    if (nk[q] <= 0) continue;
+    const V16 lv = vset1(l[q]);
+    BI_UNROLL for (int d = 0; d < 4; ++d) {
+      const V16 r = vdiv(o[q][d], lv);
+      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+      else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+    }
+  }
+}
+#if BI_KERNEL_PASS == 1
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+// att_pv_pairs with vdpbf16ps: two keys' 32-dim halves interleaved into k-pairs (word 2i: key j, 2i + 1: key
+// j + 1) by one two-source permute per 16 dims
+template <int QB>
+static void att_pv_pairs_dp(const AttnParams& p, int dv0, const int64_t* voff, int64_t jend, int64_t nk_max,
+                            const uint16_t* const* pb, const float* l, const int64_t* orow, const int64_t* nk) {
+  const uint16_t* vb = (const uint16_t*)p.vc;
+  alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512((const void*)kLo);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  __m512 o[QB][4];
+  BI_UNROLL for (int q = 0; q < QB; ++q)
+    BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < jend; j += 2) {
+    const uint16_t* ve = vb + voff[j] + dv0 * 16;
+    const __m512i e0 = _mm512_loadu_si512((const void*)ve), e1 = _mm512_loadu_si512((const void*)(ve + 32));
+    __m512i o0 = _mm512_setzero_si512(), o1 = _mm512_setzero_si512();
+    if (j + 1 < nk_max) {
+      const uint16_t* vo = vb + voff[j + 1] + dv0 * 16;
+      o0 = _mm512_loadu_si512((const void*)vo);
+      o1 = _mm512_loadu_si512((const void*)(vo + 32));
+    }
+    const __m512bh v[4] = {(__m512bh)_mm512_permutex2var_epi16(e0, lo, o0),
+                           (__m512bh)_mm512_permutex2var_epi16(e0, hi, o0),
+                           (__m512bh)_mm512_permutex2var_epi16(e1, lo, o1),
+                           (__m512bh)_mm512_permutex2var_epi16(e1, hi, o1)};
+    BI_UNROLL for (int q = 0; q < QB; ++q) {
+      uint32_t u;
+      std::memcpy(&u, pb[q] + j, 4);
+      const __m512bh pp = (__m512bh)_mm512_set1_epi32((int)u);
+      BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = _mm512_dpbf16_ps(o[q][d], pp, v[d]);
+    }
+  }
+  BI_UNROLL for (int q = 0; q < QB; ++q) {
+    if (nk[q] <= 0) continue;
+    const V16 lv = vset1(l[q]);
+    BI_UNROLL for (int d = 0; d < 4; ++d) {
+      const V16 r = vdiv(V16{o[q][d]}, lv);
+      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+      else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+    }
+  }
+}
+#pragma GCC pop_options
+#endif
+
 template <int NDV, bool FULL, bool CBF>
 static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, int64_t sc_stride) {
   const int64_t b = it[0], h0 = it[1], nh = it[2], r0 = it[3], r1 = it[4];
@@ -2564,11 +2655,21 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
         att_scores<NDV, FULL, W, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
       });
   }
-  // softmax numerators and their sums, per query
+  // softmax numerators and their sums, per query; for PV from key pairs the numerators rounded to bf16, over
+  // the row's first bytes (a block's bf16 land on floats already read), zero from the last key to the item's
+  // even end
+  const int64_t jend = (nk_max + 1) / 2 * 2;
+  const uint16_t* pb[ATT_Q];
   for (int q = 0; q < nq; ++q) {
     const int64_t n = nk[q];
     float* s = sc[q];
-    if (n <= 0) { lsum[q] = 0.0f; continue; }
+    uint16_t* sb = (uint16_t*)s;
+    pb[q] = sb;
+    if (n <= 0) {
+      lsum[q] = 0.0f;
+      if (pairs) std::memset(sb, 0, (size_t)jend * 2);
+      continue;
+    }
     int64_t j0 = 0;
     V16 mx = vset1(-INFINITY);
     for (; j0 + 16 <= n; j0 += 16) mx = vmax(mx, vload(s + j0));
@@ -2579,11 +2680,32 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
     for (j0 = 0; j0 < n; j0 += 16) {
       const int nb = (int)std::min<int64_t>(16, n - j0);
       V16 e = vexp(vsub(ld_n<false>(s, j0, nb), mv));
-      st_n<false>(s, j0, e, nb);
-      if (nb < 16) e = ld_n<false>(s, j0, nb);  // zero the lanes past the last key
+      if (nb < 16) {  // zero the lanes past the last key
+        alignas(64) float t[16];
+        vstore_n(t, e, nb);
+        e = vload_n(t, nb);
+      }
+      if (pairs) st_n<true>(sb, j0, e, nb);
+      else st_n<false>(s, j0, e, nb);
       acc = vadd(acc, e);
     }
     lsum[q] = hsum(acc);
+    if (pairs && n < jend) std::memset(sb + n, 0, (size_t)(jend - n) * 2);
+  }
+  if constexpr (CBF && NDV % 4 == 0) {
+    if (pairs) {
+      for (int dv0 = 0; dv0 < NDV; dv0 += 4)
+        for (int q0 = 0; q0 < nq;)
+          q0 += widest_upto<AttQP<NDV>::v>(nq - q0, [&](auto w) {
+            constexpr int W = decltype(w)::value;
+#if BI_KERNEL_PASS == 1
+            if (cpu_dpbf16())
+              return att_pv_pairs_dp<W>(p, dv0, koff, jend, nk_max, pb + q0, lsum + q0, qoff + q0, nk + q0);
+#endif
+            att_pv_pairs<W>(p, dv0, koff, jend, nk_max, pb + q0, lsum + q0, qoff + q0, nk + q0);
+          });
+      return;
+    }
   }
   // PV, QB queries at a time (their accumulators stay in registers), NS slices of D per pass; slices wholly
   // past D are skipped
