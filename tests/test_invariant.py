@@ -573,6 +573,36 @@ def test_bf16_scores_from_k_pairs_on_every_isa(d):
 
 
 
+
+def test_bf16_attention_chains_add_the_odd_term_first():
+    """A bf16 model's score adds each dim pair's odd product, then the even one (vdpbf16ps' order), and its PV each
+    key pair's odd key, then the even one: on every ISA path. Values built so that the other order rounds to a
+    different result: 1 + 2^24 rounds to 2^24 (a tie, to even), so adding +2^24 before -2^24 cancels the 1 and
+    adding -2^24 first keeps it."""
+    d, big = 64, 2.0 ** 12
+    kc = torch.zeros(16, 1, d)
+    vc = torch.zeros(16, 1, d)
+    # scores: one query against key 0 (pair 0 gives 1; pair 1 odd +2^24, then even -2^24: 0) and key 1 (0)
+    q = torch.zeros(1, 1, d)
+    q[0, 0, 0], q[0, 0, 2], q[0, 0, 3] = 1.0, big, big
+    kc[0, 0, 0], kc[0, 0, 2], kc[0, 0, 3] = 1.0, -big, big
+    vc[0] = 1.0
+    # PV: 4 keys of score 0 (numerators 1) whose values add 1, 0, then -2^24 (key 2) and +2^24 (key 3): 0
+    vc[4], vc[6], vc[7] = 1.0, -big * big, big * big
+    slots = torch.tensor([0, 1, 4, 5, 6, 7])
+    offs = torch.tensor([0, 2])
+    qs = torch.cat([q, torch.zeros(1, 1, d)]).to(torch.bfloat16)
+    kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+    seqs = [(0, 1, 2), (1, 1, 4)]
+    for name in _isas():
+        bi.set_isa(name)
+        out = attn(qs, kb, vb, seqs, slots, offs, 1.0).float()
+        # scores 0 and 0: (1 + 0) / 2 (the even-first order: scores 1 and 0, 1 / (1 + e^-1) = 0.73)
+        assert bool((out[0] == 0.5).all()), (name, out[0, 0, :4])
+        # (1 + 0 + 2^24 - 2^24) / 4 in the odd-first order: 0 (even first: 0.25)
+        assert bool((out[1] == 0.0).all()), (name, out[1, 0, :4])
+    bi.set_isa("auto")
+
 def test_attention_args_are_the_per_sequence_slots():
     """attention_args (AttentionBatch.build's kernel arguments in one op) against the slots written out per
     sequence from its block table: decode rows, a verify block, a prefill chunk, a block boundary, q_len 0."""

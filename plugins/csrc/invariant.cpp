@@ -1892,10 +1892,6 @@ static void lin_kernel_dp(const LinParams& p, const void* xv, const void* w, int
   }
   lin_finish<MR, NP>(p, acc, acc_out, chunk_stride, done, m0, pn0);
 }
-// acc + the 16 k-pairs of q . those of k (their raw bits), odd dims first (vdpbf16ps), for att_scores_pairs
-BI_INLINE V16 dp_pairs(V16 acc, V16 q, V16 k) {
-  return {_mm512_dpbf16_ps(acc.v, (__m512bh)_mm512_castps_si512(q.v), (__m512bh)_mm512_castps_si512(k.v))};
-}
 #pragma GCC pop_options
 static bool cpu_dpbf16() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
@@ -2351,8 +2347,9 @@ static void silu_rows(const SiluParams& p, int64_t r0, int64_t r1) {
 // ---- paged attention: one item = some rows of one sequence for the query heads of one KV group ---------------
 // Query q of an item is row r0 + q / nh of its sequence, head h0 + q % nh. All of an item's queries read the
 // same K/V rows, so they share every key and value load (and its widening from bf16). A query's arithmetic does
-// not depend on its item or its neighbours: a score is one fma chain over the D slices in order, then hsum16;
-// the softmax and the PV sum run over keys in ascending order. Grouping therefore changes no bit.
+// not depend on its item or its neighbours: a score is one fma chain over the D slices in order, then hsum16
+// (a bf16 model's: att_scores_keys); the softmax and the PV sum run over keys in ascending order (a bf16
+// model's over key pairs: att_pv_pairs). Grouping therefore changes no bit.
 // NDV: 16-lane slices of D. FULL: D == 16 * NDV (plain loads); otherwise the slices are masked (lanes past D
 // load as 0 and add nothing). Which (NDV, FULL) runs is a function of D alone.
 
@@ -2368,6 +2365,8 @@ template <int NDV>
 struct AttNS { enum { v = NDV }; };
 template <int NDV>
 struct AttQP { enum { v = 6 }; };  // PV from key pairs: 6 queries' 4 accumulators, 4 interleaved V vectors
+struct AttKB { enum { v = 2 }; };  // scores, keys in lanes: 2 blocks of 16 keys and 8 queries per pass
+struct AttKQ { enum { v = 8 }; };
 #elif BI_KERNEL_PASS == 2
 // 16 ymm registers: a score keeps one widened key slice and one accumulator per query (the query slices are
 // fma memory operands); PV runs one 16-lane slice of D at a time for 4 queries (8 accumulators)
@@ -2379,6 +2378,8 @@ template <int NDV>
 struct AttNS { enum { v = 1 }; };
 template <int NDV>
 struct AttQP { enum { v = 1 }; };
+struct AttKB { enum { v = 1 }; };
+struct AttKQ { enum { v = 2 }; };
 #else
 template <int NDV>
 struct AttQS { enum { v = 1 }; };
@@ -2388,6 +2389,8 @@ template <int NDV>
 struct AttNS { enum { v = NDV }; };
 template <int NDV>
 struct AttQP { enum { v = 1 }; };
+struct AttKB { enum { v = 1 }; };
+struct AttKQ { enum { v = 1 }; };
 #endif
 
 template <bool CBF, bool FULL>
@@ -2420,53 +2423,125 @@ static void att_scores(const AttnParams& p, const int* dn, const int64_t* koff, 
   for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
 }
 
-// A bf16 model's scores (bf16 queries, bf16 keys, D of 64, 128, 256 or 512) from k-pairs: lane l of a 32-dim slice
-// holds dims 2l and 2l + 1, and a score is one chain over the slices adding the odd dim's product, then the even
-// one's (each product of two bf16 is exact in fp32, so each step is one rounding: what vdpbf16ps computes, one
-// instruction per 32 multiply-adds where widened keys take two fmas and the widening), then hsum16 * scale. The
-// chain differs from att_scores' (it pairs dims, not slices), so which one runs is a function of the dtypes and D
-// alone, the same for every row of every batch. DP: vdpbf16ps (its one difference: subnormals flushed).
+// A bf16 model's scores (bf16 queries, bf16 keys, D of 64, 128, 256 or 512) from k-pairs, keys in lanes: a
+// block of 16 keys' rows transposed to kt[s] (lane l: key l's pair s, dims 2s and 2s + 1, as one u32), and a
+// score is one chain over the pairs s in order, adding the odd dim's product, then the even one's (each product
+// of two bf16 is exact in fp32, so each step is one rounding: what vdpbf16ps computes, one instruction per 16
+// keys' pair), then * scale. No reduction across lanes, and a block's transposition serves every query of the
+// item. The chain differs from att_scores' (it pairs dims and runs over all of D), so which one runs is a
+// function of the dtypes and D alone, the same for every row of every batch. Lanes of keys past the item's last
+// are zero (their scores are never read). NS: pairs per key (D / 2).
+template <int NS>
+static void keys_transposed(const uint16_t* kc, const int64_t* koff, int nb, uint32_t (*kt)[16]) {
 #if BI_KERNEL_PASS == 1
-#pragma GCC push_options
-#pragma GCC target("avx512bf16")  // for dp_pairs; the emulation (DP false) uses AVX-512F alone
-#else
-BI_INLINE V16 dp_pairs(V16 acc, V16, V16) { return acc; }  // DP runs on pass 1 only
-#endif
-template <int NP2, int QS, bool DP>
-static void att_scores_pairs(const AttnParams& p, const int64_t* koff, int nb, const int64_t* qoff,
-                             float* const* sc, int64_t j0, V16 scale) {
-  const uint16_t* qb = (const uint16_t*)p.q;
-  const uint16_t* kb = (const uint16_t*)p.kc;
-  V16 qo[QS][NP2], qe[QS][NP2];  // DP: qo holds the raw pairs
-  BI_UNROLL for (int q = 0; q < QS; ++q)
-    BI_UNROLL for (int s = 0; s < NP2; ++s) {
-      if constexpr (DP) qo[q][s] = vload((const float*)(qb + qoff[q] + 32 * s));
-      else vload_bfpair((const uint32_t*)(qb + qoff[q] + 32 * s), qo[q][s], qe[q][s]);
+  for (int c = 0; c < NS / 16; ++c) {  // 16 keys x 16 pairs: a 16 x 16 transpose of u32
+    __m512i r[16], t[16];
+    BI_UNROLL for (int i = 0; i < 16; ++i)
+      r[i] = i < nb ? _mm512_loadu_si512((const void*)(kc + koff[i] + 32 * c)) : _mm512_setzero_si512();
+    BI_UNROLL for (int i = 0; i < 8; ++i) {  // per 128-bit lane: rows 2i, 2i + 1 interleaved
+      t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
     }
-  V16 a[QS][16];
-  for (int jj = 0; jj < 16; ++jj) {
-    V16 acc[QS];
-    BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = vzero();
-    if (jj < nb) {
-      BI_UNROLL for (int s = 0; s < NP2; ++s) {
-        const uint32_t* kp = (const uint32_t*)(kb + koff[jj] + 32 * s);
-        if constexpr (DP) {
-          const V16 kr = vload((const float*)kp);
-          BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = dp_pairs(acc[q], qo[q][s], kr);
-        } else {
-          V16 ko, ke;
-          vload_bfpair(kp, ko, ke);
-          BI_UNROLL for (int q = 0; q < QS; ++q) acc[q] = vfma(qe[q][s], ke, vfma(qo[q][s], ko, acc[q]));
-        }
-      }
+    BI_UNROLL for (int i = 0; i < 4; ++i) {  // r[4i + c'] lane L: column 4L + c' of rows 4i..4i + 3
+      r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
     }
-    BI_UNROLL for (int q = 0; q < QS; ++q) a[q][jj] = acc[q];
+    BI_UNROLL for (int cc = 0; cc < 4; ++cc) {  // a 4 x 4 transpose of 128-bit lanes
+      const __m512i v0 = _mm512_shuffle_i32x4(r[cc], r[4 + cc], 0x44), v1 = _mm512_shuffle_i32x4(r[cc], r[4 + cc], 0xEE);
+      const __m512i v2 = _mm512_shuffle_i32x4(r[8 + cc], r[12 + cc], 0x44);
+      const __m512i v3 = _mm512_shuffle_i32x4(r[8 + cc], r[12 + cc], 0xEE);
+      uint32_t(*o)[16] = kt + 16 * c + cc;
+      _mm512_store_si512((void*)o[0], _mm512_shuffle_i32x4(v0, v2, 0x88));
+      _mm512_store_si512((void*)o[4], _mm512_shuffle_i32x4(v0, v2, 0xDD));
+      _mm512_store_si512((void*)o[8], _mm512_shuffle_i32x4(v1, v3, 0x88));
+      _mm512_store_si512((void*)o[12], _mm512_shuffle_i32x4(v1, v3, 0xDD));
+    }
   }
-  for (int q = 0; q < QS; ++q) vstore(sc[q] + j0, vmul(reduce16(a[q]), scale));  // rows have room past the end
+#else
+  for (int s = 0; s < NS; ++s)
+    for (int l = 0; l < 16; ++l) {
+      uint32_t u = 0;
+      if (l < nb) std::memcpy(&u, kc + koff[l] + 2 * s, 4);
+      kt[s][l] = u;
+    }
+#endif
+}
+
+// scores of QS queries against KB transposed blocks of 16 keys (kt[b]), stored at sc[q] + j0 + 16 b
+template <int QS, int KB, int NS>
+static void scores_from_keys(const AttnParams& p, const int64_t* qoff, float* const* sc, int64_t j0,
+                             const uint32_t (*const* kt)[16], V16 scale) {
+  const uint16_t* qb = (const uint16_t*)p.q;
+  V16 acc[QS][KB];
+  BI_UNROLL for (int q = 0; q < QS; ++q)
+    BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vzero();
+  for (int s = 0; s < NS; ++s) {
+    V16 ko[KB], ke[KB];
+    BI_UNROLL for (int b = 0; b < KB; ++b) vload_bfpair(kt[b][s], ko[b], ke[b]);
+    BI_UNROLL for (int q = 0; q < QS; ++q) {
+      const V16 qo = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s + 1] << 16));
+      const V16 qe = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s] << 16));
+      BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vfma(qe, ke[b], vfma(qo, ko[b], acc[q][b]));
+    }
+  }
+  BI_UNROLL for (int q = 0; q < QS; ++q)
+    BI_UNROLL for (int b = 0; b < KB; ++b) vstore(sc[q] + j0 + 16 * b, vmul(acc[q][b], scale));
 }
 #if BI_KERNEL_PASS == 1
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+// scores_from_keys with vdpbf16ps (its one difference: subnormals flushed)
+template <int QS, int KB, int NS>
+static void scores_from_keys_dp(const AttnParams& p, const int64_t* qoff, float* const* sc, int64_t j0,
+                                const uint32_t (*const* kt)[16], V16 scale) {
+  const uint16_t* qb = (const uint16_t*)p.q;
+  __m512 acc[QS][KB];
+  BI_UNROLL for (int q = 0; q < QS; ++q)
+    BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = _mm512_setzero_ps();
+  for (int s = 0; s < NS; ++s) {
+    __m512bh k[KB];
+    BI_UNROLL for (int b = 0; b < KB; ++b) k[b] = (__m512bh)_mm512_load_si512((const void*)kt[b][s]);
+    BI_UNROLL for (int q = 0; q < QS; ++q) {
+      uint32_t u;
+      std::memcpy(&u, qb + qoff[q] + 2 * s, 4);
+      const __m512bh qq = (__m512bh)_mm512_set1_epi32((int)u);
+      BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = _mm512_dpbf16_ps(acc[q][b], qq, k[b]);
+    }
+  }
+  BI_UNROLL for (int q = 0; q < QS; ++q)
+    BI_UNROLL for (int b = 0; b < KB; ++b) _mm512_storeu_ps(sc[q] + j0 + 16 * b, _mm512_mul_ps(acc[q][b], scale.v));
+}
 #pragma GCC pop_options
 #endif
+
+// every query's scores of an item, keys in lanes: KB blocks of 16 keys transposed at a time, then QS queries at
+// a time over them (rows of the scratch have room for a last pass past nk_max: their stride is a multiple of 16
+// plus 16)
+template <int NS>
+static void att_scores_keys(const AttnParams& p, const int64_t* koff, int64_t nk_max, const int64_t* qoff,
+                            float* const* sc, int nq, V16 scale) {
+  constexpr int KB = AttKB::v;
+  alignas(64) uint32_t kt[KB][NS][16];
+  const uint32_t (*blocks[KB])[16];
+  for (int b = 0; b < KB; ++b) blocks[b] = kt[b];
+  const uint16_t* kc = (const uint16_t*)p.kc;
+  for (int64_t j0 = 0; j0 < nk_max; j0 += 16 * KB) {
+    for (int b = 0; b < KB; ++b) {
+      const int64_t jb = j0 + 16 * b;
+      keys_transposed<NS>(kc, koff + jb, (int)std::max<int64_t>(0, std::min<int64_t>(16, nk_max - jb)), kt[b]);
+    }
+    for (int q0 = 0; q0 < nq;)
+      q0 += widest_upto<AttKQ::v>(nq - q0, [&](auto w) {
+        constexpr int W = decltype(w)::value;
+#if BI_KERNEL_PASS == 1
+        if (cpu_dpbf16()) return scores_from_keys_dp<W, KB, NS>(p, qoff + q0, sc + q0, j0, blocks, scale);
+#endif
+        scores_from_keys<W, KB, NS>(p, qoff + q0, sc + q0, j0, blocks, scale);
+      });
+  }
+}
 
 // run(std::integral_constant<int, W>) for the widest W <= N that fits n (>= 1) queries; returns W
 template <int N, class F>
@@ -2519,7 +2594,7 @@ static void att_pv(const AttnParams& p, const int* dn, int dv0, const int64_t* v
   }
 }
 
-// A bf16 model's PV (bf16 V, D a multiple of 64; att_scores_pairs' condition) from key pairs: the softmax
+// A bf16 model's PV (bf16 V, D a multiple of 64; att_scores_keys' condition) from key pairs: the softmax
 // numerators rounded to bf16 (pb: each query's, zero past its last key, to the item's even end), and per pair of
 // keys j, j + 1 one step per lane adding p_{j+1} v_{j+1}, then p_j v_j (products of two bf16 are exact in fp32,
 // so each add is one rounding: vdpbf16ps on V's rows interleaved by key, one instruction per 32 multiply-adds
@@ -2638,21 +2713,18 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   // D of 64, 128, 256 or 512: every pass instantiates exactly NDV = D / 16 for those, so every pass takes the
   // same chain (a D of 32 runs as NDV 2 on some passes and as a masked 4 on the scalar one)
   const bool pairs = CBF && NDV % 4 == 0 && p.D == 16 * NDV && p.qt == bi::BF16;
-  for (int64_t j0 = 0; j0 < nk_max; j0 += 16) {
+  bool keys_done = false;
+  if constexpr (CBF && NDV % 4 == 0) {
+    if (pairs) {
+      att_scores_keys<8 * NDV>(p, koff, nk_max, qoff, sc, nq, scale);
+      keys_done = true;
+    }
+  }
+  for (int64_t j0 = 0; j0 < nk_max && !keys_done; j0 += 16) {
     const int nb = (int)std::min<int64_t>(16, nk_max - j0);
     for (int q0 = 0; q0 < nq;)
       q0 += widest_upto<QS>(nq - q0, [&](auto w) {
-        constexpr int W = decltype(w)::value;
-        if constexpr (CBF && NDV % 4 == 0) {
-          if (pairs) {
-#if BI_KERNEL_PASS == 1
-            if (cpu_dpbf16())
-              return att_scores_pairs<NDV / 2, W, true>(p, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
-#endif
-            return att_scores_pairs<NDV / 2, W, false>(p, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
-          }
-        }
-        att_scores<NDV, FULL, W, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
+        att_scores<NDV, FULL, decltype(w)::value, CBF>(p, dn, koff + j0, nb, qoff + q0, sc + q0, j0, scale);
       });
   }
   // softmax numerators and their sums, per query; for PV from key pairs the numerators rounded to bf16, over
