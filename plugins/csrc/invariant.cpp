@@ -2449,7 +2449,8 @@ static void keys_transposed(const uint16_t* kc, const int64_t* koff, int nb, uin
       r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
     }
     BI_UNROLL for (int cc = 0; cc < 4; ++cc) {  // a 4 x 4 transpose of 128-bit lanes
-      const __m512i v0 = _mm512_shuffle_i32x4(r[cc], r[4 + cc], 0x44), v1 = _mm512_shuffle_i32x4(r[cc], r[4 + cc], 0xEE);
+      const __m512i v0 = _mm512_shuffle_i32x4(r[cc], r[4 + cc], 0x44);
+      const __m512i v1 = _mm512_shuffle_i32x4(r[cc], r[4 + cc], 0xEE);
       const __m512i v2 = _mm512_shuffle_i32x4(r[8 + cc], r[12 + cc], 0x44);
       const __m512i v3 = _mm512_shuffle_i32x4(r[8 + cc], r[12 + cc], 0xEE);
       uint32_t(*o)[16] = kt + 16 * c + cc;
@@ -2469,8 +2470,19 @@ static void keys_transposed(const uint16_t* kc, const int64_t* koff, int nb, uin
 #endif
 }
 
-// scores of QS queries against KB transposed blocks of 16 keys (kt[b]), stored at sc[q] + j0 + 16 b
-template <int QS, int KB, int NS>
+#if BI_KERNEL_PASS == 1
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")  // for dp_pairs; the two-fma chain (DP false) uses AVX-512F alone
+// acc + the 16 lanes' k-pairs of a . those of b (their raw bits), the odd element first (vdpbf16ps)
+BI_INLINE V16 dp_pairs(V16 acc, V16 a, V16 b) {
+  return {_mm512_dpbf16_ps(acc.v, (__m512bh)_mm512_castps_si512(a.v), (__m512bh)_mm512_castps_si512(b.v))};
+}
+#else
+BI_INLINE V16 dp_pairs(V16 acc, V16, V16) { return acc; }  // DP runs on pass 1 only
+#endif
+// scores of QS queries against KB transposed blocks of 16 keys (kt[b]), stored at sc[q] + j0 + 16 b. DP:
+// vdpbf16ps (its one difference: subnormals flushed), else its two fmas
+template <int QS, int KB, int NS, bool DP>
 static void scores_from_keys(const AttnParams& p, const int64_t* qoff, float* const* sc, int64_t j0,
                              const uint32_t (*const* kt)[16], V16 scale) {
   const uint16_t* qb = (const uint16_t*)p.q;
@@ -2478,41 +2490,28 @@ static void scores_from_keys(const AttnParams& p, const int64_t* qoff, float* co
   BI_UNROLL for (int q = 0; q < QS; ++q)
     BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vzero();
   for (int s = 0; s < NS; ++s) {
-    V16 ko[KB], ke[KB];
-    BI_UNROLL for (int b = 0; b < KB; ++b) vload_bfpair(kt[b][s], ko[b], ke[b]);
+    V16 ko[KB], ke[KB];  // DP: ko holds the raw pairs
+    BI_UNROLL for (int b = 0; b < KB; ++b) {
+      if constexpr (DP) ko[b] = vload((const float*)kt[b][s]);
+      else vload_bfpair(kt[b][s], ko[b], ke[b]);
+    }
     BI_UNROLL for (int q = 0; q < QS; ++q) {
-      const V16 qo = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s + 1] << 16));
-      const V16 qe = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s] << 16));
-      BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vfma(qe, ke[b], vfma(qo, ko[b], acc[q][b]));
+      if constexpr (DP) {
+        uint32_t u;
+        std::memcpy(&u, qb + qoff[q] + 2 * s, 4);
+        const V16 qq = vset1(u2f(u));
+        BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = dp_pairs(acc[q][b], qq, ko[b]);
+      } else {
+        const V16 qo = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s + 1] << 16));
+        const V16 qe = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s] << 16));
+        BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vfma(qe, ke[b], vfma(qo, ko[b], acc[q][b]));
+      }
     }
   }
   BI_UNROLL for (int q = 0; q < QS; ++q)
     BI_UNROLL for (int b = 0; b < KB; ++b) vstore(sc[q] + j0 + 16 * b, vmul(acc[q][b], scale));
 }
 #if BI_KERNEL_PASS == 1
-#pragma GCC push_options
-#pragma GCC target("avx512bf16")
-// scores_from_keys with vdpbf16ps (its one difference: subnormals flushed)
-template <int QS, int KB, int NS>
-static void scores_from_keys_dp(const AttnParams& p, const int64_t* qoff, float* const* sc, int64_t j0,
-                                const uint32_t (*const* kt)[16], V16 scale) {
-  const uint16_t* qb = (const uint16_t*)p.q;
-  __m512 acc[QS][KB];
-  BI_UNROLL for (int q = 0; q < QS; ++q)
-    BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = _mm512_setzero_ps();
-  for (int s = 0; s < NS; ++s) {
-    __m512bh k[KB];
-    BI_UNROLL for (int b = 0; b < KB; ++b) k[b] = (__m512bh)_mm512_load_si512((const void*)kt[b][s]);
-    BI_UNROLL for (int q = 0; q < QS; ++q) {
-      uint32_t u;
-      std::memcpy(&u, qb + qoff[q] + 2 * s, 4);
-      const __m512bh qq = (__m512bh)_mm512_set1_epi32((int)u);
-      BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = _mm512_dpbf16_ps(acc[q][b], qq, k[b]);
-    }
-  }
-  BI_UNROLL for (int q = 0; q < QS; ++q)
-    BI_UNROLL for (int b = 0; b < KB; ++b) _mm512_storeu_ps(sc[q] + j0 + 16 * b, _mm512_mul_ps(acc[q][b], scale.v));
-}
 #pragma GCC pop_options
 #endif
 
@@ -2536,9 +2535,9 @@ static void att_scores_keys(const AttnParams& p, const int64_t* koff, int64_t nk
       q0 += widest_upto<AttKQ::v>(nq - q0, [&](auto w) {
         constexpr int W = decltype(w)::value;
 #if BI_KERNEL_PASS == 1
-        if (cpu_dpbf16()) return scores_from_keys_dp<W, KB, NS>(p, qoff + q0, sc + q0, j0, blocks, scale);
+        if (cpu_dpbf16()) return scores_from_keys<W, KB, NS, true>(p, qoff + q0, sc + q0, j0, blocks, scale);
 #endif
-        scores_from_keys<W, KB, NS>(p, qoff + q0, sc + q0, j0, blocks, scale);
+        scores_from_keys<W, KB, NS, false>(p, qoff + q0, sc + q0, j0, blocks, scale);
       });
   }
 }
@@ -2601,6 +2600,20 @@ static void att_pv(const AttnParams& p, const int* dn, int dv0, const int64_t* v
 // where fp32 numerators take two fmas and the widening of each row). Over 64 dims from slice dv0, QB queries;
 // keys past the item's last (nk_max) add nothing. A query's zeros add exactly nothing (the sum starts at +0 and
 // a sum of p v with p >= 0 never becomes -0), so its bits do not depend on the item's other queries.
+// o / l of QB queries' 64 dims from slice dv0, stored in the output's dtype (queries with no key: untouched)
+template <int QB>
+BI_INLINE void pv_store(const AttnParams& p, const V16 (*o)[4], int dv0, const float* l, const int64_t* orow,
+                        const int64_t* nk) {
+  BI_UNROLL for (int q = 0; q < QB; ++q) {
+    if (nk[q] <= 0) continue;
+    const V16 lv = vset1(l[q]);
+    BI_UNROLL for (int d = 0; d < 4; ++d) {
+      const V16 r = vdiv(o[q][d], lv);
+      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+      else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+    }
+  }
+}
 template <int QB>
 static void att_pv_pairs(const AttnParams& p, int dv0, const int64_t* voff, int64_t jend, int64_t nk_max,
                          const uint16_t* const* pb, const float* l, const int64_t* orow, const int64_t* nk) {
@@ -2620,15 +2633,7 @@ static void att_pv_pairs(const AttnParams& p, int dv0, const int64_t* voff, int6
       BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vfma(pe, ve[d], vfma(po, vo[d], o[q][d]));
     }
   }
-  BI_UNROLL for (int q = 0; q < QB; ++q) {
-    if (nk[q] <= 0) continue;
-    const V16 lv = vset1(l[q]);
-    BI_UNROLL for (int d = 0; d < 4; ++d) {
-      const V16 r = vdiv(o[q][d], lv);
-      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
-      else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
-    }
-  }
+  pv_store<QB>(p, o, dv0, l, orow, nk);
 }
 #if BI_KERNEL_PASS == 1
 #pragma GCC push_options
@@ -2643,9 +2648,9 @@ static void att_pv_pairs_dp(const AttnParams& p, int dv0, const int64_t* voff, i
                                                8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   const __m512i lo = _mm512_load_si512((const void*)kLo);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-  __m512 o[QB][4];
+  V16 o[QB][4];
   BI_UNROLL for (int q = 0; q < QB; ++q)
-    BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = _mm512_setzero_ps();
+    BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vzero();
   for (int64_t j = 0; j < jend; j += 2) {
     const uint16_t* ve = vb + voff[j] + dv0 * 16;
     const __m512i e0 = _mm512_loadu_si512((const void*)ve), e1 = _mm512_loadu_si512((const void*)(ve + 32));
@@ -2663,18 +2668,10 @@ static void att_pv_pairs_dp(const AttnParams& p, int dv0, const int64_t* voff, i
       uint32_t u;
       std::memcpy(&u, pb[q] + j, 4);
       const __m512bh pp = (__m512bh)_mm512_set1_epi32((int)u);
-      BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = _mm512_dpbf16_ps(o[q][d], pp, v[d]);
+      BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d].v = _mm512_dpbf16_ps(o[q][d].v, pp, v[d]);
     }
   }
-  BI_UNROLL for (int q = 0; q < QB; ++q) {
-    if (nk[q] <= 0) continue;
-    const V16 lv = vset1(l[q]);
-    BI_UNROLL for (int d = 0; d < 4; ++d) {
-      const V16 r = vdiv(V16{o[q][d]}, lv);
-      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
-      else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
-    }
-  }
+  pv_store<QB>(p, o, dv0, l, orow, nk);
 }
 #pragma GCC pop_options
 #endif
@@ -2919,7 +2916,10 @@ static void approx_rows(const float* xo, int64_t n_out, const void* wo, int64_t 
   constexpr int CH = MG > 4 ? 1 : 2;
   V16 hi[MG], ab[MG];
   float tail_hi[MG], tail_ab[MG];
-  BI_UNROLL for (int m = 0; m < MG; ++m) hi[m] = vset1(-INFINITY), ab[m] = vzero(), tail_hi[m] = -INFINITY, tail_ab[m] = 0.0f;
+  BI_UNROLL for (int m = 0; m < MG; ++m) {
+    hi[m] = vset1(-INFINITY), ab[m] = vzero();
+    tail_hi[m] = -INFINITY, tail_ab[m] = 0.0f;
+  }
   for (int64_t v = v0; v < v1; v += 16) {
     const int nv = (int)std::min<int64_t>(16, v1 - v);
     V16 acc[MG][CH];
