@@ -2593,13 +2593,6 @@ static void att_pv(const AttnParams& p, const int* dn, int dv0, const int64_t* v
   }
 }
 
-// A bf16 model's PV (bf16 V, D a multiple of 64; att_scores_keys' condition) from key pairs: the softmax
-// numerators rounded to bf16 (pb: each query's, zero past its last key, to the item's even end), and per pair of
-// keys j, j + 1 one step per lane adding p_{j+1} v_{j+1}, then p_j v_j (products of two bf16 are exact in fp32,
-// so each add is one rounding: vdpbf16ps on V's rows interleaved by key, one instruction per 32 multiply-adds
-// where fp32 numerators take two fmas and the widening of each row). Over 64 dims from slice dv0, QB queries;
-// keys past the item's last (nk_max) add nothing. A query's zeros add exactly nothing (the sum starts at +0 and
-// a sum of p v with p >= 0 never becomes -0), so its bits do not depend on the item's other queries.
 // o / l of QB queries' 64 dims from slice dv0, stored in the output's dtype (queries with no key: untouched)
 template <int QB>
 BI_INLINE void pv_store(const AttnParams& p, const V16 (*o)[4], int dv0, const float* l, const int64_t* orow,
@@ -2614,6 +2607,14 @@ BI_INLINE void pv_store(const AttnParams& p, const V16 (*o)[4], int dv0, const f
     }
   }
 }
+
+// A bf16 model's PV (bf16 V, D a multiple of 64; att_scores_keys' condition) from key pairs: the softmax
+// numerators rounded to bf16 (pb: each query's, zero past its last key, to the item's even end), and per pair of
+// keys j, j + 1 one step per lane adding p_{j+1} v_{j+1}, then p_j v_j (products of two bf16 are exact in fp32,
+// so each add is one rounding: vdpbf16ps on V's rows interleaved by key, one instruction per 32 multiply-adds
+// where fp32 numerators take two fmas and the widening of each row). Over 64 dims from slice dv0, QB queries;
+// keys past the item's last (nk_max) add nothing. A query's zeros add exactly nothing (the sum starts at +0 and
+// a sum of p v with p >= 0 never becomes -0), so its bits do not depend on the item's other queries.
 template <int QB>
 static void att_pv_pairs(const AttnParams& p, int dv0, const int64_t* voff, int64_t jend, int64_t nk_max,
                          const uint16_t* const* pb, const float* l, const int64_t* orow, const int64_t* nk) {
