@@ -2,6 +2,7 @@
 
     python benchmarks/spec_limit.py [--target DIR --draft DIR] [--max-tokens 128] [--threads 1] [--k 7]
                                     [--dtype float32|bfloat16] [--weights auto|bf16|int8|w8a8|fp8] [--rounds 2]
+                                    [--split]
 
 Times, inside real decoding of the same prompts: the target forward + head (logits, or the greedy head screen) of
 an autoregressive step (t_AR), of a verify step over K+1 rows (t_verify), and the drafter forward + draft head
@@ -82,6 +83,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--rounds", type=int, default=2, help="passes over the prompts, AR and DFlash alternating")
     ap.add_argument("--weights", default="auto", help="the target's weights: auto, bf16, int8, w8a8, fp8 (EngineConfig)")
+    ap.add_argument("--split", action="store_true", help="also print t_AR and t_verify as forward + head")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from dflash_trt import LLM, SamplingParams
@@ -117,11 +119,13 @@ def main() -> int:
     tok_ar = sum(n for _, n, _ in ar_runs)
     wall_sd = sum(w for w, _, _ in sd_runs)
     tok_sd = sum(n for _, n, _ in sd_runs)
-    # a step's head: its greedy screen, or the logits (or both, where the screen declines): their time per pass
-    t_ar = med([t for _, _, c in ar_runs for t in c[0]]) + sum(t for _, _, c in ar_runs for t in c[1]) / sum(
-        len(c[0]) for _, _, c in ar_runs)
-    t_verify = med([t for _, _, c in sd_runs for t in c[0]]) + sum(t for _, _, c in sd_runs for t in c[1]) / sum(
-        len(c[0]) for _, _, c in sd_runs)
+    def forward_and_head(runs):
+        # a step's head: its greedy screen, or the logits (or both, where the screen declines): their time per pass
+        return (med([t for _, _, c in runs for t in c[0]]),
+                sum(t for _, _, c in runs for t in c[1]) / sum(len(c[0]) for _, _, c in runs))
+
+    (fwd_ar, head_ar), (fwd_v, head_v) = forward_and_head(ar_runs), forward_and_head(sd_runs)
+    t_ar, t_verify = fwd_ar + head_ar, fwd_v + head_v
     t_draft = med([t for _, _, c in sd_runs for t in c[2]])
     n_steps = sum(len(c[2]) for _, _, c in sd_runs)
     tau = tok_sd / n_steps
@@ -149,6 +153,9 @@ def main() -> int:
     print(f"  t_AR (target forward + head, 1 row)      {t_ar * 1e3:7.1f} ms               {floor('ar')}")
     print(f"  t_verify (target forward + head, {k + 1} rows) {t_verify * 1e3:7.1f} ms  ({t_verify / t_ar:.2f} t_AR)  "
           f"{floor('verify')}")
+    if args.split:
+        print(f"    forward {fwd_ar * 1e3:.2f} / {fwd_v * 1e3:.2f} ms ({(fwd_v - fwd_ar) * 1e3:+.2f}), "
+              f"head {head_ar * 1e3:.2f} / {head_v * 1e3:.2f} ms ({(head_v - head_ar) * 1e3:+.2f}): AR / verify")
     print(f"  t_draft (drafter pass + draft head)      {t_draft * 1e3:7.1f} ms  ({t_draft / t_ar:.2f} t_AR)  "
           f"{floor('draft')}")
     print(f"  tau (tokens per DFlash step)             {tau:7.2f}")

@@ -572,8 +572,6 @@ def test_bf16_scores_from_k_pairs_on_every_isa(d):
     assert (base.float() - ref).abs().max() < 2e-2
 
 
-
-
 def test_bf16_attention_chains_add_the_odd_term_first():
     """A bf16 model's score adds each dim pair's odd product, then the even one (vdpbf16ps' order), and its PV each
     key pair's odd key, then the even one: on every ISA path. Values built so that the other order rounds to a
@@ -602,6 +600,7 @@ def test_bf16_attention_chains_add_the_odd_term_first():
         # (1 + 0 + 2^24 - 2^24) / 4 in the odd-first order: 0 (even first: 0.25)
         assert bool((out[1] == 0.0).all()), (name, out[1, 0, :4])
     bi.set_isa("auto")
+
 
 def test_attention_args_are_the_per_sequence_slots():
     """attention_args (AttentionBatch.build's kernel arguments in one op) against the slots written out per

@@ -2363,10 +2363,9 @@ template <int NDV>
 struct AttQB { enum { v = NDV <= 3 ? 8 : (NDV == 4 ? 6 : (NDV <= 6 ? 4 : (NDV <= 8 ? 3 : 1))) }; };
 template <int NDV>
 struct AttNS { enum { v = NDV }; };
-template <int NDV>
-struct AttQP { enum { v = 6 }; };  // PV from key pairs: 6 queries' 4 accumulators, 4 interleaved V vectors
-struct AttKB { enum { v = 2 }; };  // scores, keys in lanes: 2 blocks of 16 keys and 8 queries per pass
-struct AttKQ { enum { v = 8 }; };
+// a bf16 model's pair chains: PV 6 queries' 4 accumulators beside 4 interleaved V vectors; scores with keys in
+// lanes 2 blocks of 16 keys for 8 queries
+struct AttPairs { enum { pv_queries = 6, key_blocks = 2, score_queries = 8 }; };
 #elif BI_KERNEL_PASS == 2
 // 16 ymm registers: a score keeps one widened key slice and one accumulator per query (the query slices are
 // fma memory operands); PV runs one 16-lane slice of D at a time for 4 queries (8 accumulators)
@@ -2376,10 +2375,7 @@ template <int NDV>
 struct AttQB { enum { v = 4 }; };
 template <int NDV>
 struct AttNS { enum { v = 1 }; };
-template <int NDV>
-struct AttQP { enum { v = 1 }; };
-struct AttKB { enum { v = 1 }; };
-struct AttKQ { enum { v = 2 }; };
+struct AttPairs { enum { pv_queries = 1, key_blocks = 1, score_queries = 2 }; };
 #else
 template <int NDV>
 struct AttQS { enum { v = 1 }; };
@@ -2387,10 +2383,7 @@ template <int NDV>
 struct AttQB { enum { v = 1 }; };
 template <int NDV>
 struct AttNS { enum { v = NDV }; };
-template <int NDV>
-struct AttQP { enum { v = 1 }; };
-struct AttKB { enum { v = 1 }; };
-struct AttKQ { enum { v = 1 }; };
+struct AttPairs { enum { pv_queries = 1, key_blocks = 1, score_queries = 1 }; };
 #endif
 
 template <bool CBF, bool FULL>
@@ -2521,7 +2514,7 @@ static void scores_from_keys(const AttnParams& p, const int64_t* qoff, float* co
 template <int NS>
 static void att_scores_keys(const AttnParams& p, const int64_t* koff, int64_t nk_max, const int64_t* qoff,
                             float* const* sc, int nq, V16 scale) {
-  constexpr int KB = AttKB::v;
+  constexpr int KB = AttPairs::key_blocks;
   alignas(64) uint32_t kt[KB][NS][16];
   const uint32_t (*blocks[KB])[16];
   for (int b = 0; b < KB; ++b) blocks[b] = kt[b];
@@ -2532,7 +2525,7 @@ static void att_scores_keys(const AttnParams& p, const int64_t* koff, int64_t nk
       keys_transposed<NS>(kc, koff + jb, (int)std::max<int64_t>(0, std::min<int64_t>(16, nk_max - jb)), kt[b]);
     }
     for (int q0 = 0; q0 < nq;)
-      q0 += widest_upto<AttKQ::v>(nq - q0, [&](auto w) {
+      q0 += widest_upto<AttPairs::score_queries>(nq - q0, [&](auto w) {
         constexpr int W = decltype(w)::value;
 #if BI_KERNEL_PASS == 1
         if (cpu_dpbf16()) return scores_from_keys<W, KB, NS, true>(p, qoff + q0, sc + q0, j0, blocks, scale);
@@ -2766,7 +2759,7 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
     if (pairs) {
       for (int dv0 = 0; dv0 < NDV; dv0 += 4)
         for (int q0 = 0; q0 < nq;)
-          q0 += widest_upto<AttQP<NDV>::v>(nq - q0, [&](auto w) {
+          q0 += widest_upto<AttPairs::pv_queries>(nq - q0, [&](auto w) {
             constexpr int W = decltype(w)::value;
 #if BI_KERNEL_PASS == 1
             if (cpu_dpbf16())
