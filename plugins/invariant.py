@@ -213,14 +213,15 @@ def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Packe
     return PackedLinear(data, n, k)
 
 
-@functools.lru_cache(maxsize=1)
 def bf16_pairs_pay() -> bool:
     """Whether bf16 k-pair panels beat widened bf16 panels on this CPU: where vdpbf16ps does twice the
-    multiply-adds of an fp32 FMA per cycle (AVX512-BF16 without AMX: AMD Zen 4 and later). On AMX Xeons it
-    runs at the FMA rate and the k-pair kernel measured 1.5-1.8x slower at 8 rows. Both are batch-invariant;
-    the choice only sets which bits a bf16 model gets on this machine."""
+    multiply-adds of an fp32 FMA per cycle (AVX512-BF16 without AMX: AMD Zen 4 and later), and where the amx
+    path runs them on AMX-BF16 tiles. On AMX Xeons vdpbf16ps runs at the FMA rate, so a forced avx512 path there
+    keeps widened panels. All are batch-invariant; the choice only sets which bits a bf16 model gets here."""
     flags = _cpu_flags()
-    return "avx512_bf16" in flags and "amx_bf16" not in flags
+    if "amx_bf16" in flags:
+        return set_isa("") == "amx"
+    return "avx512_bf16" in flags
 
 
 @functools.lru_cache(maxsize=1)

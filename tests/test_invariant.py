@@ -336,7 +336,18 @@ def test_flush_denormal_reaches_worker_threads():
     assert torch.count_nonzero(bi.linear(x, pk)) > 0  # and kept without flushing
 
 
+_PAIR_OUTPUTS = range(10, 15)  # _everything's bf16 k-pair linears
+
+
+def _amx_tiles_pairs() -> bool:
+    """Whether the amx path runs bf16 k-pair panels on AMX-BF16 tiles (bits of its own)."""
+    return "amx_bf16" in bi._cpu_flags() and "amx" in _isas()
+
+
 def test_isa_paths_bitwise_equal():
+    """Every path gives the same bits, but for bf16 k-pairs on AMX-BF16 tiles: tdpbf16ps rounds its sums in an
+    order no other path reproduces, so those are only close (their row invariance: the tests above and
+    test_amx_bf16_pairs_rows_and_tails, which run on the active path)."""
     isas = _isas()
     if len(isas) < 2:
         pytest.skip("only one code path on this CPU")
@@ -345,10 +356,37 @@ def test_isa_paths_bitwise_equal():
         assert bi.set_isa(name) == name
         results[name] = _everything(seed=60)
     bi.set_isa("auto")
-    base = results[isas[0]]
-    for name in isas[1:]:
-        for i, (a, b) in enumerate(zip(base, results[name])):
-            assert _same(a, b), (name, i)
+    ref = next(n for n in isas if n != "amx")
+    for name in isas:
+        for i, (a, b) in enumerate(zip(results[ref], results[name])):
+            if name == "amx" and i in _PAIR_OUTPUTS and _amx_tiles_pairs():
+                tol = dict(rtol=1e-5, atol=1e-4) if a.dtype == torch.float32 else dict(rtol=8e-3, atol=1e-2)
+                torch.testing.assert_close(b, a, **tol)
+                assert not _same(a, b), i  # the tiles did run: their bits are not the chains'
+            else:
+                assert _same(a, b), (name, i)
+
+
+@pytest.mark.parametrize("k, splits", [(576, 1), (584, 1), (584, 2), (36, 2), (1536, 8)])
+def test_amx_bf16_pairs_rows_and_tails(k, splits):
+    """bf16 k-pairs on AMX-BF16 tiles: close to a float64 reference with whole 16-pair steps, a chunk's last pairs
+    after them (584: four past the last 16; chunks of 18 pairs: none on tiles) and chunk trees; every row's bits
+    its own alone in blocks of 1 to 16 rows and in two block sizes at once (17, 33 rows), fp32 or bf16 x."""
+    if not _amx_tiles_pairs():
+        pytest.skip("no AMX-BF16 tiles on this CPU")
+    assert bi.set_isa("amx") == "amx"
+    n = 70
+    w = _randn(n, k, seed=90, dtype=torch.bfloat16)
+    pk = bi.pack_linear_bf16_pairs(w)
+    x = _randn(40, k, seed=91)
+    b = _randn(n, seed=92)
+    ref = (F.linear(x.to(torch.bfloat16).double(), w.double()) + b.double()).float()
+    full = bi.linear(x, pk, b, splits)
+    torch.testing.assert_close(full, ref, rtol=1e-5, atol=1e-4)
+    alone = torch.cat([bi.linear(x[i:i + 1], pk, b, splits) for i in range(40)])
+    for m in (2, 8, 13, 16, 17, 33, 40):
+        assert _same(bi.linear(x[:m], pk, b, splits), alone[:m]), m
+    assert _same(bi.linear(x[5:22].to(torch.bfloat16), pk, b, splits), alone[5:22].to(torch.bfloat16))
 
 
 def test_horizontal_tree():

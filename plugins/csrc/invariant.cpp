@@ -161,6 +161,7 @@ struct Kernels {
 typedef void (*LinTileFn)(const LinParams&, int64_t, int64_t, int64_t, int64_t);
 extern LinTileFn g_linq_avx2;
 bool amx_active();  // the "amx" path runs: W8A8 integer sums on AMX-INT8 tiles
+bool amx_bf16_active();  // and bf16 k-pair panels on AMX-BF16 tiles
 
 }  // namespace bi
 
@@ -204,6 +205,13 @@ static const Kernels kAmxTable = [] {
   return t;
 }();
 bool amx_active() { return g_kernels == &kAmxTable; }
+bool amx_bf16_active() {
+  static const bool has = [] {  // AMX-BF16 (CPUID 7.0 EDX bit 22) and vdpbf16ps for a chunk's last pairs
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) && __builtin_cpu_supports("avx512bf16");
+  }();
+  return has && amx_active();
+}
 
 // AMX-TILE and AMX-INT8 in CPUID, and the kernel's permission to use tile data (Linux: asked once per process)
 static bool amx_int8_ready() {
@@ -1524,10 +1532,10 @@ struct alignas(64) AmxConfig {
 };
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8")
-static void amx_configure(int mr) {
+static void amx_configure(int mr, int mr2 = 1) {
   AmxConfig c{};
   c.palette = 1;
-  const int rows[8] = {mr, mr, mr, 16, 16, 1, 1, 1};
+  const int rows[8] = {mr, mr, mr, 16, 16, mr2, mr2, mr2};
   for (int t = 0; t < 8; ++t) {
     c.rows[t] = (uint8_t)rows[t];
     c.colsb[t] = 64;
@@ -2055,7 +2063,130 @@ static void interleave_pairs8(const uint32_t* const* rows, int64_t nq, uint32_t*
 }
 #endif
 
+#if BI_KERNEL_PASS == 1
+// BF16P on AMX-BF16 tiles (the amx path, where the CPU has AMX-BF16), at every row count: per panel and chunk,
+// 16 k-pairs of up to 16 rows per tdpbf16ps, the chunk's k-pairs after its last whole 16 continuing the tile's
+// sums on vdpbf16ps, then the tree. tdpbf16ps rounds its sums in an order of its own (it matches no chain another
+// CPU runs), so a bf16 model's bits here are this path's; each row's result still depends on that row alone (not
+// on the rows beside it, their count, or the threads), which is what DFlash = AR needs. Tiles 0/1 and 5/6 hold
+// the sums of columns 0-15 / 16-31 for the blocks of base + 1 and base rows, 2 and 7 their x, 3/4 the weights.
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512bf16")
+template <bool B>  // B: the tiles of a block of base rows (5-7), else those of base + 1 rows (0-2)
+static void pairs_amx(const uint16_t* x, int64_t ldxb, const uint32_t* w, int64_t nt, float* out) {
+  __asm__ volatile("" : : : "memory");  // and the tiles load what the caller has written
+  if constexpr (B) {  // (tile numbers must be literals: GCC's tile intrinsics paste them into the assembly)
+    _tile_zero(5);
+    _tile_zero(6);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+  }
+  for (int64_t q = 0; q < nt; q += 16) {
+    // tile loads do not start the hardware prefetcher's streams: ask for the next step's 16 pairs (2 KiB)
+    for (int l = 0; l < 32; ++l) _mm_prefetch((const char*)(w + (q + 16) * 32 + 16 * l), _MM_HINT_T0);
+    _tile_loadd(3, w + q * 32, 128);
+    _tile_loadd(4, w + q * 32 + 16, 128);
+    if constexpr (B) {
+      _tile_loadd(7, x + 2 * q, ldxb);
+      _tile_dpbf16ps(5, 7, 3);
+      _tile_dpbf16ps(6, 7, 4);
+    } else {
+      _tile_loadd(2, x + 2 * q, ldxb);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+  }
+  if constexpr (B) {
+    _tile_stored(5, out, 128);
+    _tile_stored(6, out + 16, 128);
+  } else {
+    _tile_stored(0, out, 128);
+    _tile_stored(1, out + 16, 128);
+  }
+  __asm__ volatile("" : : : "memory");  // GCC's tile intrinsics name no memory: the stores above must be seen
+}
+// the pairs [q0, q1) of mr rows (x at pair 0, rows ldx apart) added to the sums in out ([mr][32]) on vdpbf16ps
+static void pairs_rest(const uint16_t* x, int64_t ldx, int mr, const uint32_t* w, int64_t q0, int64_t q1,
+                       float* out) {
+  for (int m = 0; m < mr; ++m) {
+    __m512 a0 = _mm512_loadu_ps(out + m * 32), a1 = _mm512_loadu_ps(out + m * 32 + 16);
+    for (int64_t q = q0; q < q1; ++q) {
+      uint32_t xp;
+      std::memcpy(&xp, x + m * ldx + 2 * q, 4);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp);
+      a0 = _mm512_dpbf16_ps(a0, a, (__m512bh)_mm512_loadu_si512((const void*)(w + q * 32)));
+      a1 = _mm512_dpbf16_ps(a1, a, (__m512bh)_mm512_loadu_si512((const void*)(w + q * 32 + 16)));
+    }
+    _mm512_storeu_ps(out + m * 32, a0);
+    _mm512_storeu_ps(out + m * 32 + 16, a1);
+  }
+}
+#pragma GCC pop_options
+
+static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
+  const int64_t cl = p.chunk_len, nq = cl / 2, nt = nq / 16 * 16;
+  const int nch = p.nchunks;
+  const int64_t kx = cl * nch;
+  // x as bf16 rows: a bf16 x as given, a float x rounded (nearest even) into a per-thread buffer
+  const uint16_t* xr;
+  int64_t ldx;
+  thread_local std::vector<uint16_t> hbuf;
+  if (p.xh) {
+    xr = p.xh + m0 * p.ldx + p.xk0;
+    ldx = p.ldx;
+  } else {
+    if ((int64_t)hbuf.size() < (m1 - m0) * kx) hbuf.resize((m1 - m0) * kx);
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* src = p.x + m * p.ldx + p.xk0;
+      uint16_t* d = hbuf.data() + (m - m0) * kx;
+      int64_t k = 0;
+      for (; k + 16 <= kx; k += 16) vstore_bf(d + k, vload(src + k));
+      if (k < kx) vstore_bf_n(d + k, vload_n(src + k, (int)(kx - k)), (int)(kx - k));
+    }
+    xr = hbuf.data();
+    ldx = kx;
+  }
+  // balanced blocks of <= 16 rows: base + 1 rows on tiles 0-2, base rows on tiles 5-7, one configuration
+  const int64_t rows = m1 - m0, nb = (rows + 15) / 16;
+  const int base = (int)(rows / nb), extra = (int)(rows % nb);
+  amx_configure(base + (extra ? 1 : 0), base);
+  alignas(64) float part[8][16 * 32];
+  const uint32_t* w0 = (const uint32_t*)p.w + p.wk0 / 2 * 32;
+  const int64_t pstride = p.K / 2 * 32;
+  for (int64_t g = pn0; g < pn1; ++g) {
+    const uint32_t* wg = w0 + g * pstride;
+    int64_t r = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int mr = base + (b < extra ? 1 : 0);
+      const uint16_t* xb = xr + r * ldx;
+      for (int c = 0; c < nch; ++c) {
+        const uint32_t* wc = wg + c * nq * 32;
+        if (mr > base) pairs_amx<false>(xb + c * cl, ldx * 2, wc, nt, part[c]);
+        else pairs_amx<true>(xb + c * cl, ldx * 2, wc, nt, part[c]);
+        if (nt < nq) pairs_rest(xb + c * cl, ldx, mr, wc, nt, nq, part[c]);
+      }
+      for (int h = 0; h < 2; ++h) {
+        const int64_t col = g * 32 + 16 * h, rem = p.N - col;
+        if (rem <= 0) continue;
+        const int nv = rem >= 16 ? 16 : (int)rem;
+        const V16 bias = p.bias ? ld_n<false>(p.bias, col, nv) : vzero();
+        for (int m = 0; m < mr; ++m) {
+          V16 t[8];
+          for (int c = 0; c < nch; ++c) t[c] = vload(part[c] + m * 32 + 16 * h);
+          tree_store(p, t, nch, bias, m0 + r + m, col, nv);
+        }
+      }
+      r += mr;
+    }
+  }
+}
+#endif
+
 static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
+#if BI_KERNEL_PASS == 1
+  if (p.wt == bi::BF16P && bi::amx_bf16_active()) return linear_tile_amx_pairs(p, m0, m1, pn0, pn1);
+#endif
   if (p.wt == bi::I8Q) return linear_tile_q(p, m0, m1, pn0, pn1);
   // rows in cache blocks (x block ~ 768 KiB), each block in balanced tiles of <= mr_max_for(wt) rows; per group of
   // NP panels (which stays in L2), every tile of the block runs its chunks' chains, the last one the tree.
