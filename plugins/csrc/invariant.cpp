@@ -1521,9 +1521,9 @@ static void linq_kernel(const uint8_t* xs, int64_t ldq, const int32_t* w, int64_
 }
 #pragma GCC pop_options
 
-// AMX-INT8: the same exact sums for up to 16 rows and one panel, 16 quads (64 k) per tdpbusd; a one-row tile
-// of ones gives sum_k w for the +128 of the codes. Tiles: 0/1 the sums of columns 0-15/16-31, 2 x, 3/4 the
-// weight halves (panel rows are 128 B apart), 5/6 the weight sums, 7 the ones.
+// AMX-INT8: the same exact sums for up to 16 rows and one panel, 16 quads (64 k) per tdpbssd on the codes as
+// signed bytes (xq - 128, the VNNI kernel's flipped rows) and the weights as they are. Tiles: 0/1 the sums of
+// columns 0-15/16-31, 2 x, 3/4 the weight halves (panel rows are 128 B apart).
 struct alignas(64) AmxConfig {
   uint8_t palette, start;
   uint8_t reserved[14];
@@ -1532,6 +1532,7 @@ struct alignas(64) AmxConfig {
 };
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8")
+// tiles 0-2 of mr rows, 3/4 of 16 (the weights), 5-7 of mr2 (a second block's sums and x: bf16 k-pairs)
 static void amx_configure(int mr, int mr2 = 1) {
   AmxConfig c{};
   c.palette = 1;
@@ -1544,55 +1545,40 @@ static void amx_configure(int mr, int mr2 = 1) {
   // compiler may drop the stores of the rest
   __asm__ volatile("ldtilecfg %0" : : "m"(c));
 }
-// out[m * 32 + col] = sum over nq quads (a multiple of 16) of (xq - 128) * w, for the rows amx_configure set
-static void linq_amx(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t nq, int32_t* out,
-                     int32_t* wsum) {
-  static const struct Ones {
-    alignas(64) uint8_t b[64];
-    Ones() { std::memset(b, 1, sizeof b); }
-  } ones;
+// out[m * 32 + col] = sum over nq quads (a multiple of 16) of xs * w, xs the signed codes, for the rows
+// amx_configure set
+static void linq_amx(const uint8_t* xs, int64_t lds, const int32_t* w, int64_t nq, int32_t* out) {
   __asm__ volatile("" : : : "memory");  // and the tiles load what the caller has written
   _tile_zero(0);
   _tile_zero(1);
-  _tile_zero(5);
-  _tile_zero(6);
-  _tile_loadd(7, ones.b, 64);
   for (int64_t q = 0; q < nq; q += 16) {
     // tile loads do not start the hardware prefetcher's streams as vector loads do: ask for the next step's
     // weights (16 quad rows of 128 B; past the chunk's end that is the next panel's start)
     for (int l = 0; l < 32; ++l) _mm_prefetch((const char*)(w + (q + 16) * 32 + 16 * l), _MM_HINT_T0);
-    _tile_loadd(2, xq + 4 * q, ldq);
+    _tile_loadd(2, xs + 4 * q, lds);
     _tile_loadd(3, w + q * 32, 128);
     _tile_loadd(4, w + q * 32 + 16, 128);
-    _tile_dpbusd(0, 2, 3);
-    _tile_dpbusd(1, 2, 4);
-    _tile_dpbusd(5, 7, 3);
-    _tile_dpbusd(6, 7, 4);
+    _tile_dpbssd(0, 2, 3);
+    _tile_dpbssd(1, 2, 4);
   }
   _tile_stored(0, out, 128);
   _tile_stored(1, out + 16, 128);
-  _tile_stored(5, wsum, 128);
-  _tile_stored(6, wsum + 16, 128);
   __asm__ volatile("" : : : "memory");  // GCC's tile intrinsics name no memory: the stores above must be seen
 }
 #pragma GCC pop_options
-// one chunk's sums for mr rows: the whole 16-quad steps on tiles, the quads after them on VNNI (fk)
-static void linq_tiles(const uint8_t* xq, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq, int mr,
-                       LinqFn fk, int32_t* out) {
+// one chunk's sums for mr rows: the whole 16-quad steps on tiles, the quads after them on VNNI (fk); xq the
+// codes (+128), xs the same rows flipped, both ldq apart
+static void linq_tiles(const uint8_t* xq, const uint8_t* xs, int64_t ldq, const int32_t* w, int64_t pstride,
+                       int64_t nq, int mr, LinqFn fk, int32_t* out) {
   const int64_t nt = nq / 16 * 16;
-  alignas(64) int32_t wsum[32], rest[MRQ * 32];
-  linq_amx(xq, ldq, w, nt, out, wsum);
-  if (nq > nt) {  // < 16 quads: the VNNI kernel on their codes flipped, rows 64 bytes apart
-    alignas(64) uint8_t xs[MRQ * 64];
-    int32_t xc[MRQ];
-    flip_codes(xq + 4 * nt, ldq, mr, 4 * (nq - nt), xs, 64);
-    for (int m = 0; m < mr; ++m) xc[m] = xs_corr(xq + m * ldq + 4 * nt, 4 * (nq - nt));
-    fk(xs, 64, w + nt * 32, pstride, nq - nt, rest, xc);
-  }
+  alignas(64) int32_t rest[MRQ * 32];
+  linq_amx(xs, ldq, w, nt, out);
+  if (nq == nt) return;
+  int32_t xc[MRQ];  // < 16 quads: the VNNI kernel with their own correction terms
+  for (int m = 0; m < mr; ++m) xc[m] = xs_corr(xq + m * ldq + 4 * nt, 4 * (nq - nt));
+  fk(xs + 4 * nt, ldq, w + nt * 32, pstride, nq - nt, rest, xc);
   for (int m = 0; m < mr; ++m)
-    for (int j = 0; j < 32; ++j)  // exact: the true sum fits int32, so wrap-around cancels
-      out[m * 32 + j] = (int32_t)((uint32_t)out[m * 32 + j] - ((uint32_t)wsum[j] << 7) +
-                                  (nq > nt ? (uint32_t)rest[m * 32 + j] : 0u));
+    for (int j = 0; j < 32; ++j) out[m * 32 + j] += rest[m * 32 + j];  // exact: the true sums fit int32
 }
 #elif BI_KERNEL_PASS == 2
 enum { MRQ = 2, NPQ = 1 };
@@ -2347,7 +2333,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
       const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
 #if BI_KERNEL_PASS == 1
       if (tiles) {
-        linq_tiles(xk, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
+        linq_tiles(p.xq + r * p.ldq + c * cl, xk, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
         continue;
       }
 #else
@@ -2371,9 +2357,20 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
       }
     }
   };
-  if (amx && nq >= 16 && base >= 8) {
-    // AMX tiles pay from 8 rows (a verify block) on; the tile shape is configured per row block, so row blocks
-    // run outermost here
+  // The rows' codes flipped to signed bytes (the VNNI kernel's broadcast operand, the AMX tiles' x) and, for VNNI,
+  // their correction terms, once per row and chunk for all panels ([chunk][row])
+  const int32_t* xc = nullptr;
+#if BI_KERNEL_PASS == 1
+  thread_local std::vector<int32_t> xcb;
+  thread_local std::vector<uint8_t> xsb;
+  if ((int64_t)xsb.size() < rows * p.ldq) xsb.resize(rows * p.ldq);
+  flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data(), p.ldq);
+  xrows = xsb.data();
+#endif
+  if (amx && base >= 8 && (nq % 16 == 0 || nq >= 64)) {
+    // AMX tiles pay from 8 rows (a verify block) on, where a chunk is whole 16-quad steps or several of them (a
+    // few quads past one step cost more on VNNI beside it than the step saves: the greedy head's screen, chunks
+    // of 18 quads); the tile shape is configured per row block, so row blocks run outermost here
     for (int64_t t = 0, r = m0; t < nt; ++t) {
       const int mr = base + (t < extra ? 1 : 0);
 #if BI_KERNEL_PASS == 1
@@ -2384,21 +2381,14 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
     }
     return;
   }
-  // The VNNI kernel's rows of flipped codes and their correction terms, once per row and chunk for all panels
-  // ([chunk][row]); every tile of rows runs on a panel before the next panel, which so stays in cache for all of
-  // them (tiles outermost re-read the weights from memory once per 12 rows)
-  const int32_t* xc = nullptr;
 #if BI_KERNEL_PASS == 1
-  thread_local std::vector<int32_t> xcb;
-  thread_local std::vector<uint8_t> xsb;
   if ((int64_t)xcb.size() < nch * rows) xcb.resize(nch * rows);
-  if ((int64_t)xsb.size() < rows * p.ldq) xsb.resize(rows * p.ldq);
   for (int c = 0; c < nch; ++c)
     for (int64_t m = 0; m < rows; ++m) xcb[c * rows + m] = xs_corr(p.xq + (m0 + m) * p.ldq + c * cl, cl);
-  flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data(), p.ldq);
-  xrows = xsb.data();
   xc = xcb.data();
 #endif
+  // every tile of rows runs on a panel before the next panel, which so stays in cache for all of them (tiles
+  // outermost re-read the weights from memory once per 12 rows)
   for (int64_t g = pn0; g < pn1; ++g)  // one panel per call (NPQ == 1)
     for (int64_t t = 0, r = m0; t < nt; ++t) {
       const int mr = base + (t < extra ? 1 : 0);
