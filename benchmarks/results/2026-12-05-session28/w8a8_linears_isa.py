@@ -1,3 +1,4 @@
+# python w8a8_linears_isa.py   (the "1 row amx" column runs VNNI too: tiles start at 8 rows)
 # 30 layers' linears of SmolLM2-135M (qkv, o, gate/up, down) as W8A8 panels (no head): VNNI (avx512) vs AMX-INT8
 import time, torch
 from dflash_trt.plugins import invariant as bi
