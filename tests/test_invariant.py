@@ -370,8 +370,9 @@ def test_isa_paths_bitwise_equal():
 @pytest.mark.parametrize("k, splits", [(576, 1), (584, 1), (584, 2), (36, 2), (1536, 8)])
 def test_amx_bf16_pairs_rows_and_tails(k, splits):
     """bf16 k-pairs on AMX-BF16 tiles: close to a float64 reference with whole 16-pair steps, a chunk's last pairs
-    after them (584: four past the last 16; chunks of 18 pairs: none on tiles) and chunk trees; every row's bits
-    its own alone in blocks of 1 to 16 rows and in two block sizes at once (17, 33 rows), fp32 or bf16 x."""
+    after them (584: four past the last 16; 36 in two chunks of 9 pairs: none on tiles) and chunk trees; every
+    row's bits its own alone in blocks of 1 to 16 rows and in two block sizes at once (17, 33 rows), fp32 or bf16
+    x."""
     if not _amx_tiles_pairs():
         pytest.skip("no AMX-BF16 tiles on this CPU")
     assert bi.set_isa("amx") == "amx"
