@@ -1653,6 +1653,13 @@ BI_INLINE void st_n(void* base, int64_t i, V16 a, int n) {
   }
 }
 
+// n floats rounded to bf16 (nearest even), as the k-pair kernels multiply x
+static void round_row_bf16(const float* src, int64_t n, uint16_t* d) {
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16) vstore_bf(d + k, vload(src + k));
+  if (k < n) vstore_bf_n(d + k, vload_n(src + k, (int)(n - k)), (int)(n - k));
+}
+
 // One output vector: its sum + bias, stored at (row, col) in y's dtype.
 BI_INLINE void out_store(const LinParams& p, V16 o, const V16& bias, int64_t row, int64_t col, int nv) {
   if (p.bias) o = vadd(o, bias);
@@ -2123,13 +2130,7 @@ static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, in
     ldx = p.ldx;
   } else {
     if ((int64_t)hbuf.size() < (m1 - m0) * kx) hbuf.resize((m1 - m0) * kx);
-    for (int64_t m = m0; m < m1; ++m) {
-      const float* src = p.x + m * p.ldx + p.xk0;
-      uint16_t* d = hbuf.data() + (m - m0) * kx;
-      int64_t k = 0;
-      for (; k + 16 <= kx; k += 16) vstore_bf(d + k, vload(src + k));
-      if (k < kx) vstore_bf_n(d + k, vload_n(src + k, (int)(kx - k)), (int)(kx - k));
-    }
+    for (int64_t m = m0; m < m1; ++m) round_row_bf16(p.x + m * p.ldx + p.xk0, kx, hbuf.data() + (m - m0) * kx);
     xr = hbuf.data();
     ldx = kx;
   }
@@ -2228,11 +2229,8 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
             h = p.xh + (r + m) * p.ldx + p.xk0;
             if (mr == 1) std::memcpy(d, h, kx * 2);
           } else {
-            const float* src = p.x + (r + m) * p.ldx + p.xk0;
             uint16_t* hw = mr == 1 ? d : hrow.data();
-            int64_t k = 0;
-            for (; k + 16 <= kx; k += 16) vstore_bf(hw + k, vload(src + k));
-            if (k < kx) vstore_bf_n(hw + k, vload_n(src + k, (int)(kx - k)), (int)(kx - k));
+            round_row_bf16(p.x + (r + m) * p.ldx + p.xk0, kx, hw);
             h = hw;
           }
           if (mr > 1)
