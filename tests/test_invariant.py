@@ -520,6 +520,46 @@ def test_attention_row_invariance(h, kvh, d, dtype):
     assert _same(out[:7], solo)
 
 
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (4, 2, 128)])
+def test_amx_bf16_attention_rows_and_tails(h, kvh, d):
+    """A bf16 model's scores and PV on AMX-BF16 tiles: within bf16 rounding of SDPA; every query's bits its own
+    alone, in verify blocks of 2-16 rows ending either side of the 32-key steps, in a prefill chunk and as a
+    drafter's non-causal block (the cache slots no sequence holds are NaN: nothing past a sequence's last key
+    is read); and not the vdpbf16ps chains' bits (the tiles ran)."""
+    if not _amx_tiles_pairs():
+        pytest.skip("no AMX-BF16 tiles on this CPU")
+    L = 301
+    kc, vc, slots, offs = paged_layout([L, 45], kvh, d, seed=125, dtype=torch.bfloat16)
+    unused = torch.ones(kc.shape[0], dtype=torch.bool)
+    unused[slots] = False
+    kc[unused], vc[unused] = float("nan"), float("nan")
+    qall = _randn(L, h, d, seed=126, dtype=torch.bfloat16)
+    scale = d ** -0.5
+    assert bi.set_isa("amx") == "amx"
+    try:
+        prefill = attn(qall, kc, vc, [(0, L, L)], slots, offs[:1], scale)
+        ref = sdpa_ref(qall, kc, vc, [(0, L, L)], slots, offs[:1], scale)
+        torch.testing.assert_close(prefill.float(), ref, rtol=1e-2, atol=1e-2)
+        for pos in (0, 1, 30, 31, 32, 33, 63, 64, 200, L - 1):
+            assert _same(attn(qall[pos:pos + 1], kc, vc, [(0, 1, pos + 1)], slots, offs[:1], scale),
+                         prefill[pos:pos + 1]), pos
+        for rows, end in ((2, 33), (8, 32), (8, 40), (8, 64), (8, 65), (13, 100), (16, L)):
+            blk = attn(qall[end - rows:end], kc, vc, [(0, rows, end)], slots, offs[:1], scale)
+            assert _same(blk, prefill[end - rows:end]), (rows, end)
+        # a drafter's block: every row sees all 45 keys of the second sequence, alone or 16 at once
+        qd = _randn(16, h, d, seed=127, dtype=torch.bfloat16)
+        block = attn(qd, kc, vc, [(0, 16, 45)], slots, offs[1:], scale, causal=False)
+        for i in (0, 7, 15):
+            assert _same(attn(qd[i:i + 1], kc, vc, [(0, 1, 45)], slots, offs[1:], scale, causal=False),
+                         block[i:i + 1]), i
+        assert bi.set_isa("avx512") == "avx512"
+        chains = attn(qall, kc, vc, [(0, L, L)], slots, offs[:1], scale)
+    finally:
+        bi.set_isa("auto")
+    torch.testing.assert_close(prefill.float(), chains.float(), rtol=1e-2, atol=1e-2)
+    assert not _same(prefill, chains)
+
+
 def test_attention_edge_cases():
     kc, vc, slots, offs = paged_layout([20], 1, 64, seed=130)
     q = _randn(3, 2, 64, seed=131)
@@ -596,7 +636,8 @@ def test_head_argmax_is_torch_argmax_of_the_heads_logits(kind, xdtype):
 def test_bf16_scores_from_k_pairs_on_every_isa(d):
     """A bf16 model's scores (bf16 queries and K/V, D of 64-512) come from k-pairs, the odd dim's product
     then the even one's per lane (vdpbf16ps where the CPU has it, two fmas elsewhere): every ISA path gives the
-    same bits, and the result stays within rounding of SDPA (a D of 32 keeps the widened chain)."""
+    same bits, but for AMX-BF16 tiles (bits of their own: test_amx_bf16_attention_rows_and_tails), and the result
+    stays within rounding of SDPA (a D of 32 keeps the widened chain, on tiles too)."""
     kc, vc, slots, offs = paged_layout([70, 33], 3, d, seed=160, dtype=torch.bfloat16)
     q = _randn(9, 6, d, seed=161, dtype=torch.bfloat16)
     seqs = [(0, 5, 70), (5, 4, 33)]
@@ -605,16 +646,17 @@ def test_bf16_scores_from_k_pairs_on_every_isa(d):
         bi.set_isa(name)
         results[name] = attn(q, kc, vc, seqs, slots, offs, d ** -0.5)
     bi.set_isa("auto")
-    base = next(iter(results.values()))
-    for name, r in results.items():
-        assert _same(r, base), name
+    tiles = _amx_tiles_pairs() and d % 64 == 0
+    base = next(r for name, r in results.items() if name != "amx" or not tiles)
     ref = sdpa_ref(q.float(), kc.float(), vc.float(), seqs, slots, offs, d ** -0.5)
-    assert (base.float() - ref).abs().max() < 2e-2
+    for name, r in results.items():
+        assert (r.float() - ref).abs().max() < 2e-2, name
+        assert _same(r, base) != (name == "amx" and tiles), name
 
 
 def test_bf16_attention_chains_add_the_odd_term_first():
     """A bf16 model's score adds each dim pair's odd product, then the even one (vdpbf16ps' order), and its PV each
-    key pair's odd key, then the even one: on every ISA path. Values built so that the other order rounds to a
+    key pair's odd key, then the even one: on every ISA path but AMX-BF16 tiles. Values built so that the other order rounds to a
     different result: 1 + 2^24 rounds to 2^24 (a tie, to even), so adding +2^24 before -2^24 cancels the 1 and
     adding -2^24 first keeps it."""
     d, big = 64, 2.0 ** 12
@@ -633,6 +675,8 @@ def test_bf16_attention_chains_add_the_odd_term_first():
     kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
     seqs = [(0, 1, 2), (1, 1, 4)]
     for name in _isas():
+        if name == "amx" and _amx_tiles_pairs():
+            continue  # AMX-BF16 tiles round in an order of their own (test_amx_bf16_attention_rows_and_tails)
         bi.set_isa(name)
         out = attn(qs, kb, vb, seqs, slots, offs, 1.0).float()
         # scores 0 and 0: (1 + 0) / 2 (the even-first order: scores 1 and 0, 1 / (1 + e^-1) = 0.73)

@@ -75,7 +75,8 @@ enum DType : int { F32 = 0, BF16 = 1, F8 = 2, I8 = 3, I8Q = 4, BF16P = 5 };
 
 struct LinParams {
   const float* x;   // [M, ldx] fp32, or null when xh holds the rows
-  const uint16_t* xh;  // BF16P only: [M, ldx] bf16 rows as given (already what the k-pair kernels multiply)
+  const uint16_t* xh;  // BF16P: [M, ldx] bf16 rows as given (already what the k-pair kernels multiply); I8Q:
+                       // bf16 rows quantize_rows reads (widening is exact)
   int64_t ldx;
   int64_t xk0;      // column of x where the first chunk starts
   const void* w;    // packed panels: f32 [P][K][32], bf16 pairs [P][K][16] (u32 = hi:col j, lo:col j+16)
@@ -339,7 +340,7 @@ struct XRows {
 // x's rows for a weight of kind wt: a bf16 x for BF16P panels as it is (rounding a bf16 to bf16 changes nothing)
 static XRows x_rows(const at::Tensor& x, int wt) {
   const int64_t M = x.size(0), K = x.size(1);
-  if (wt == BF16P && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1)
+  if ((wt == BF16P || wt == I8Q) && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1)
     return {nullptr, (const uint16_t*)x.data_ptr(), M > 1 ? x.stride(0) : K, at::Tensor()};
   if (x.scalar_type() == at::kBFloat16 && x.stride(1) == 1) {
     thread_local std::vector<float> buf;
@@ -2789,6 +2790,121 @@ static void att_pv_pairs_dp(const AttnParams& p, int dv0, const int64_t* voff, i
 #pragma GCC pop_options
 #endif
 
+#if BI_KERNEL_PASS == 1
+// A bf16 model's scores and PV on AMX-BF16 tiles (the amx path, where the CPU has AMX-BF16), at every query
+// count: an item's queries (<= 16) are the rows of the A tiles, 16 keys' k-pairs (keys_transposed) or 16 key
+// pairs of V (two keys' rows interleaved by dim) the B tiles, 16 pairs per tdpbf16ps. tdpbf16ps rounds in an
+// order of its own, so these bits are this path's; a query's row of a tile depends on that row alone, steps of
+// 32 keys start at key 0 whatever the item, and the keys past a query's last add exact zeros (its numerators are
+// zero there, the values past the item's last key are zeroed here, never read from the cache), so a query's bits
+// do not depend on its item, its neighbours or the thread: what DFlash = AR needs.
+// Tiles: 0/1 two blocks of scores or 0-3 four 16-dim slices of PV sums (nq rows), 4 the queries' or numerators'
+// step (nq rows), 5/6 the keys' or values' step (16 rows).
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512bf16")
+static void amx_configure_attention(int nq) {
+  AmxConfig c{};
+  c.palette = 1;
+  const int rows[8] = {nq, nq, nq, nq, nq, 16, 16, 1};
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = (uint8_t)rows[t];
+    c.colsb[t] = 64;
+  }
+  __asm__ volatile("ldtilecfg %0" : : "m"(c));  // the whole struct (see amx_configure)
+}
+
+// raw scores (before * scale) of nq queries, their bf16 rows packed D = 2 * NS apart in qp, against keys
+// 0 .. nk_max - 1, 32 at a time, stored at s0 + j (query rows ld floats apart), to the next multiple of 32
+template <int NS>
+static void att_scores_amx(const AttnParams& p, const int64_t* koff, int64_t nk_max, const uint16_t* qp, float* s0,
+                           int64_t ld) {
+  alignas(64) uint32_t kt[2][NS][16];
+  const uint16_t* kc = (const uint16_t*)p.kc;
+  for (int64_t j0 = 0; j0 < nk_max; j0 += 32) {
+    for (int b = 0; b < 2; ++b) {
+      const int64_t jb = j0 + 16 * b;
+      keys_transposed<NS>(kc, koff + jb, (int)std::max<int64_t>(0, std::min<int64_t>(16, nk_max - jb)), kt[b]);
+    }
+    __asm__ volatile("" : : : "memory");  // and the tiles load what was written
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int s = 0; s < NS; s += 16) {
+      _tile_loadd(4, qp + 2 * s, 4 * NS);
+      _tile_loadd(5, kt[0][s], 64);
+      _tile_loadd(6, kt[1][s], 64);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 6);
+    }
+    _tile_stored(0, s0 + j0, ld * 4);
+    _tile_stored(1, s0 + j0 + 16, ld * 4);
+    __asm__ volatile("" : : : "memory");  // GCC's tile intrinsics name no memory: the stores must be seen
+  }
+}
+
+// o_q = sum_j p_qj v_j / l_q for nq queries: numerators p (bf16, zero from each query's last key to jend, a
+// multiple of 32) at pb0, query rows ldp bytes apart; 64 dims (4 slices from dv0) per pass
+static void att_pv_amx(const AttnParams& p, int dv0, const int64_t* voff, int64_t jend, int64_t nk_max,
+                       const uint16_t* pb0, int64_t ldp, int nq, const float* l, const int64_t* orow,
+                       const int64_t* nk) {
+  const uint16_t* vb = (const uint16_t*)p.vc;
+  alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512((const void*)kLo);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  alignas(64) uint32_t vt[4][16][16];  // per 16-dim slice: 16 key pairs x 16 dims x (even key, odd key)
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t j0 = 0; j0 < jend; j0 += 32) {
+    for (int k = 0; k < 16; ++k) {
+      const int64_t j = j0 + 2 * k;
+      __m512i e0 = _mm512_setzero_si512(), e1 = e0, o0 = e0, o1 = e0;
+      if (j < nk_max) {
+        const uint16_t* ve = vb + voff[j] + dv0 * 16;
+        e0 = _mm512_loadu_si512((const void*)ve);
+        e1 = _mm512_loadu_si512((const void*)(ve + 32));
+      }
+      if (j + 1 < nk_max) {
+        const uint16_t* vo = vb + voff[j + 1] + dv0 * 16;
+        o0 = _mm512_loadu_si512((const void*)vo);
+        o1 = _mm512_loadu_si512((const void*)(vo + 32));
+      }
+      _mm512_store_si512((void*)vt[0][k], _mm512_permutex2var_epi16(e0, lo, o0));
+      _mm512_store_si512((void*)vt[1][k], _mm512_permutex2var_epi16(e0, hi, o0));
+      _mm512_store_si512((void*)vt[2][k], _mm512_permutex2var_epi16(e1, lo, o1));
+      _mm512_store_si512((void*)vt[3][k], _mm512_permutex2var_epi16(e1, hi, o1));
+    }
+    __asm__ volatile("" : : : "memory");
+    _tile_loadd(4, pb0 + j0, ldp);
+    _tile_loadd(5, vt[0], 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, vt[1], 64);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_loadd(5, vt[2], 64);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(6, vt[3], 64);
+    _tile_dpbf16ps(3, 4, 6);
+  }
+  alignas(64) float o[4][ATT_Q][16];
+  _tile_stored(0, o[0], 64);
+  _tile_stored(1, o[1], 64);
+  _tile_stored(2, o[2], 64);
+  _tile_stored(3, o[3], 64);
+  __asm__ volatile("" : : : "memory");
+  for (int q = 0; q < nq; ++q) {
+    if (nk[q] <= 0) continue;
+    const V16 lv = vset1(l[q]);
+    for (int d = 0; d < 4; ++d) {
+      const V16 r = vdiv(vload(o[d][q]), lv);
+      if (p.ot == bi::BF16) st_n<true>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+      else st_n<false>(p.out, orow[q] + (dv0 + d) * 16, r, 16);
+    }
+  }
+}
+#pragma GCC pop_options
+#endif
+
 template <int NDV, bool FULL, bool CBF>
 static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, int64_t sc_stride) {
   const int64_t b = it[0], h0 = it[1], nh = it[2], r0 = it[3], r1 = it[4];
@@ -2823,9 +2939,25 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   // D of 64, 128, 256 or 512: every pass instantiates exactly NDV = D / 16 for those, so every pass takes the
   // same chain (a D of 32 runs as NDV 2 on some passes and as a masked 4 on the scalar one)
   const bool pairs = CBF && NDV % 4 == 0 && p.D == 16 * NDV && p.qt == bi::BF16;
+#if BI_KERNEL_PASS == 1
+  const bool tiles = pairs && bi::amx_bf16_active();
+#else
+  constexpr bool tiles = false;
+#endif
   bool keys_done = false;
   if constexpr (CBF && NDV % 4 == 0) {
-    if (pairs) {
+#if BI_KERNEL_PASS == 1
+    if (tiles) {
+      alignas(64) uint16_t qp[ATT_Q * 16 * NDV];  // the queries' rows, packed for the A tiles
+      for (int q = 0; q < nq; ++q) std::memcpy(qp + q * 16 * NDV, (const uint16_t*)p.q + qoff[q], 32 * NDV);
+      amx_configure_attention(nq);
+      att_scores_amx<8 * NDV>(p, koff, nk_max, qp, sc[0], sc_stride);
+      for (int q = 0; q < nq; ++q)
+        for (int64_t j0 = 0; j0 < nk_max; j0 += 16) vstore(sc[q] + j0, vmul(vload(sc[q] + j0), scale));
+      keys_done = true;
+    }
+#endif
+    if (pairs && !tiles) {
       att_scores_keys<8 * NDV>(p, koff, nk_max, qoff, sc, nq, scale);
       keys_done = true;
     }
@@ -2839,8 +2971,8 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
   }
   // softmax numerators and their sums, per query; for PV from key pairs the numerators rounded to bf16, over
   // the row's first bytes (a block's bf16 land on floats already read), zero from the last key to the item's
-  // even end
-  const int64_t jend = (nk_max + 1) / 2 * 2;
+  // even end (on tiles: to its last step of 32 keys)
+  const int64_t jend = tiles ? (nk_max + 31) / 32 * 32 : (nk_max + 1) / 2 * 2;
   const uint16_t* pb[ATT_Q];
   for (int q = 0; q < nq; ++q) {
     const int64_t n = nk[q];
@@ -2875,6 +3007,13 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
     if (pairs && n < jend) std::memset(sb + n, 0, (size_t)(jend - n) * 2);
   }
   if constexpr (CBF && NDV % 4 == 0) {
+#if BI_KERNEL_PASS == 1
+    if (tiles) {
+      for (int dv0 = 0; dv0 < NDV; dv0 += 4)
+        att_pv_amx(p, dv0, koff, jend, nk_max, pb[0], sc_stride * 4, nq, lsum, qoff, nk);
+      return;
+    }
+#endif
     if (pairs) {
       for (int dv0 = 0; dv0 < NDV; dv0 += 4)
         for (int q0 = 0; q0 < nq;)
@@ -2941,9 +3080,19 @@ static void selftest_reduce(const float* a, float* out) {
 // 1.5 * 2^23 shift (|x * inv| <= 127, so exact, nearest even), clamped to +-127, stored + 128; scale a / 127
 static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
   const int64_t cl = p.chunk_len, kx = cl * p.nchunks;
+  thread_local std::vector<float> wide;  // bf16 rows: one chunk widened (exact), while it is in L1
+  if (p.xh && (int64_t)wide.size() < cl) wide.resize(cl);
   for (int64_t m = 0; m < M; ++m)
     for (int c = 0; c < p.nchunks; ++c) {
-      const float* x = p.x + m * p.ldx + p.xk0 + c * cl;
+      const float* x;
+      if (p.xh) {
+        const uint16_t* h = p.xh + m * p.ldx + p.xk0 + c * cl;
+        float* w = wide.data();
+        for (int64_t k = 0; k < cl; ++k) w[k] = u2f((uint32_t)h[k] << 16);
+        x = w;
+      } else {
+        x = p.x + m * p.ldx + p.xk0 + c * cl;
+      }
       uint8_t* d = q + m * kx + c * cl;
 #if BI_KERNEL_PASS == 1
       __m512 amax = _mm512_setzero_ps();

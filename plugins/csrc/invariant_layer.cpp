@@ -142,8 +142,8 @@ static inline float rnd(float v) {  // v rounded to T, as a float
 // x rows are t * ldx apart, heads D apart; cos/sin [T, D] contiguous in T. The two halves are separate loops
 // so that each is a straight vector loop.
 template <typename T>
-static void rope_rows(const T* x, int64_t ldx, const T* cos, const T* sin, int64_t nt, int64_t nh, int64_t D,
-                      T* out) {
+static inline __attribute__((always_inline)) void rope_rows_t(const T* x, int64_t ldx, const T* cos, const T* sin,
+                                                              int64_t nt, int64_t nh, int64_t D, T* out) {
   const int64_t half = D / 2;
   for (int64_t t = 0; t < nt; ++t) {
     const T* c = cos + t * D;
@@ -163,6 +163,24 @@ static void rope_rows(const T* x, int64_t ldx, const T* cos, const T* sin, int64
       }
     }
   }
+}
+
+// The library is built for any x86-64; the rope loops also get an AVX-512 build, picked when the library loads.
+// They are elementwise, so every vector width computes the same bits.
+__attribute__((target_clones("arch=x86-64-v4", "default"))) static void rope_rows_f32(
+    const float* x, int64_t ldx, const float* cos, const float* sin, int64_t nt, int64_t nh, int64_t D, float* out) {
+  rope_rows_t<float>(x, ldx, cos, sin, nt, nh, D, out);
+}
+__attribute__((target_clones("arch=x86-64-v4", "default"))) static void rope_rows_bf16(
+    const at::BFloat16* x, int64_t ldx, const at::BFloat16* cos, const at::BFloat16* sin, int64_t nt, int64_t nh,
+    int64_t D, at::BFloat16* out) {
+  rope_rows_t<at::BFloat16>(x, ldx, cos, sin, nt, nh, D, out);
+}
+template <typename T>
+static void rope_rows(const T* x, int64_t ldx, const T* cos, const T* sin, int64_t nt, int64_t nh, int64_t D,
+                      T* out) {
+  if constexpr (std::is_same<T, float>::value) rope_rows_f32(x, ldx, cos, sin, nt, nh, D, out);
+  else rope_rows_bf16(x, ldx, cos, sin, nt, nh, D, out);
 }
 
 // cache[slot[t], :, :] = rows[t] cast to the cache's dtype (what index_copy_(0, slot_mapping, k.to(dtype)) does)
