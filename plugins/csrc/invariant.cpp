@@ -98,6 +98,7 @@ struct LinParams {
   const uint8_t* xq;
   int64_t ldq;
   const float* xs;
+  bool quantize;  // I8Q: xq / xs are buffers that run_linear fills from x first (quantize_x)
 };
 
 struct NormParams {
@@ -282,6 +283,8 @@ static void balanced(int64_t n, int parts, int idx, int64_t& b, int64_t& e) {
 
 // ---- linear ----------------------------------------------------------------------------------------------
 
+static void quantize_part(const LinParams& p, int64_t r0, int64_t r1);
+
 static void run_linear(const LinParams& p, int64_t M) {
   const Kernels& k = K();
   const int64_t P = (p.N + 31) / 32;
@@ -309,6 +312,7 @@ static void run_linear(const LinParams& p, int64_t M) {
   if (tm > M) tm = (int)M;
   T = tn * tm;
   if (T == 1) {
+    if (p.quantize) quantize_part(p, 0, M);
     k.linear_tile(p, 0, M, 0, P);
     return;
   }
@@ -319,6 +323,12 @@ static void run_linear(const LinParams& p, int64_t M) {
     // the T tiles over whatever team the runtime gave (it may give fewer threads than asked: nested regions,
     // dynamic teams, a second OpenMP runtime in the process); a tile's result does not depend on its thread
     const int team = omp_get_num_threads();
+    if (p.quantize) {  // W8A8: the team quantises the rows first, every tile then reads all of them
+      int64_t r0, r1;
+      balanced(M, team, omp_get_thread_num(), r0, r1);
+      if (r1 > r0) quantize_part(p, r0, r1);
+#pragma omp barrier
+    }
     for (int tid = omp_get_thread_num(); tid < T; tid += team) {
       int64_t m0, m1, p0, p1;
       balanced(M, tm, tid % tm, m0, m1);
@@ -379,8 +389,8 @@ static int64_t packed_k(const at::Tensor& packed) {
   return weight_code(packed) == I8Q ? packed.size(1) * 4 : packed.size(1);
 }
 
-// W8A8: quantise the chunks' columns of x per row and chunk (the kernel table's quantize_rows; every ISA's
-// version gives the same codes and scales)
+// W8A8: the buffers for x quantised per row and chunk, which run_linear fills first (the kernel table's
+// quantize_rows; every ISA's version gives the same codes and scales, whichever thread quantises a row)
 static void quantize_x(LinParams& p, int64_t M) {
   thread_local std::vector<uint8_t> q;  // per calling thread, reused: no allocation per decode step
   thread_local std::vector<float> s;
@@ -388,10 +398,18 @@ static void quantize_x(LinParams& p, int64_t M) {
   TORCH_CHECK(cl % 4 == 0, "bi_linear: a W8A8 weight needs chunks of a multiple of 4 columns, got ", cl);
   q.resize((size_t)(M * kx));
   s.resize((size_t)(M * p.nchunks));
-  K().quantize_rows(p, M, q.data(), s.data());
   p.xq = q.data();
   p.ldq = kx;
   p.xs = s.data();
+  p.quantize = true;
+}
+
+// rows r0 .. r1 - 1 of quantize_x's buffers
+static void quantize_part(const LinParams& p, int64_t r0, int64_t r1) {
+  LinParams pp = p;
+  if (pp.xh) pp.xh += r0 * p.ldx;
+  else pp.x += r0 * p.ldx;
+  K().quantize_rows(pp, r1 - r0, const_cast<uint8_t*>(p.xq) + r0 * p.ldq, const_cast<float*>(p.xs) + r0 * p.nchunks);
 }
 
 // F8 / I8 panels need their per-column scales: returns a pointer to them, or null for f32/bf16
@@ -515,7 +533,8 @@ static void run_norm(const NormParams& p, int64_t rows) {
   const Kernels& k = K();
   if (rows == 0) return;
   int T = nthreads();
-  if (rows * p.H < 16384) T = 1;
+  // from a few verify rows of a 576-wide model a second thread saves more than the fork/join costs
+  if (rows < 2 || rows * p.H < 4096) T = 1;
   T = (int)std::min<int64_t>(T, rows);
   if (T == 1) {
     k.norm_rows(p, 0, rows);
@@ -3078,12 +3097,40 @@ static void selftest_reduce(const float* a, float* out) {
 
 // W8A8 activations: per row and chunk a = max|x| (exact in any order), codes rint(x * (127 / a)) by the
 // 1.5 * 2^23 shift (|x * inv| <= 127, so exact, nearest even), clamped to +-127, stored + 128; scale a / 127
+// bf16 rows (xh) are widened as they are read (exact)
 static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
   const int64_t cl = p.chunk_len, kx = cl * p.nchunks;
-  thread_local std::vector<float> wide;  // bf16 rows: one chunk widened (exact), while it is in L1
+#if BI_KERNEL_PASS != 1
+  thread_local std::vector<float> wide;  // bf16 rows: one chunk widened, while it is in L1
   if (p.xh && (int64_t)wide.size() < cl) wide.resize(cl);
+#endif
   for (int64_t m = 0; m < M; ++m)
     for (int c = 0; c < p.nchunks; ++c) {
+      uint8_t* d = q + m * kx + c * cl;
+#if BI_KERNEL_PASS == 1
+      const float* x = p.xh ? nullptr : p.x + m * p.ldx + p.xk0 + c * cl;
+      const uint16_t* xb = p.xh ? p.xh + m * p.ldx + p.xk0 + c * cl : nullptr;
+      auto load = [x, xb](int64_t k, __mmask16 mk) {
+        if (xb) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xb + k)), 16));
+        return _mm512_maskz_loadu_ps(mk, x + k);
+      };
+      __m512 amax = _mm512_setzero_ps();
+      int64_t k = 0;
+      for (; k + 16 <= cl; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(k, (__mmask16)0xFFFF)));
+      const __mmask16 tail = mask16((int)(cl - k));
+      if (k < cl) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(k, tail)));
+      const float a = _mm512_reduce_max_ps(amax);
+      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
+      const __m512 vinv = _mm512_set1_ps(inv), shift = _mm512_set1_ps(12582912.0f);
+      const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+      const __m512i off = _mm512_set1_epi32(128);
+      for (k = 0; k < cl; k += 16) {
+        const __mmask16 mk = k + 16 <= cl ? (__mmask16)0xFFFF : tail;
+        __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(load(k, mk), vinv), shift), shift);
+        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+        _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_add_epi32(_mm512_cvttps_epi32(v), off));
+      }
+#else
       const float* x;
       if (p.xh) {
         const uint16_t* h = p.xh + m * p.ldx + p.xk0 + c * cl;
@@ -3093,25 +3140,6 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
       } else {
         x = p.x + m * p.ldx + p.xk0 + c * cl;
       }
-      uint8_t* d = q + m * kx + c * cl;
-#if BI_KERNEL_PASS == 1
-      __m512 amax = _mm512_setzero_ps();
-      int64_t k = 0;
-      for (; k + 16 <= cl; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
-      const __mmask16 tail = mask16((int)(cl - k));
-      if (k < cl) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, x + k)));
-      const float a = _mm512_reduce_max_ps(amax);
-      const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
-      const __m512 vinv = _mm512_set1_ps(inv), shift = _mm512_set1_ps(12582912.0f);
-      const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
-      const __m512i off = _mm512_set1_epi32(128);
-      for (k = 0; k < cl; k += 16) {
-        const __mmask16 mk = k + 16 <= cl ? (__mmask16)0xFFFF : tail;
-        __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + k), vinv), shift), shift);
-        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-        _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_add_epi32(_mm512_cvttps_epi32(v), off));
-      }
-#else
       // SSE2 (every x86-64 CPU); cl % 4 == 0
       const __m128 sign = _mm_set1_ps(-0.0f);
       __m128 amax = _mm_setzero_ps();

@@ -183,6 +183,30 @@ static void rope_rows(const T* x, int64_t ldx, const T* cos, const T* sin, int64
   else rope_rows_bf16(x, ldx, cos, sin, nt, nh, D, out);
 }
 
+// out = a + b as PyTorch's `a + b` computes it (a bf16 sum formed in fp32 and rounded once); clones as rope's
+template <typename T>
+static inline __attribute__((always_inline)) void add_rows_t(const T* a, const T* b, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) st(out, i, ld(a, i) + ld(b, i));
+}
+__attribute__((target_clones("arch=x86-64-v4", "default"))) static void add_rows_f32(const float* a, const float* b,
+                                                                                      float* out, int64_t n) {
+  add_rows_t<float>(a, b, out, n);
+}
+__attribute__((target_clones("arch=x86-64-v4", "default"))) static void add_rows_bf16(
+    const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* out, int64_t n) {
+  add_rows_t<at::BFloat16>(a, b, out, n);
+}
+static Tensor residual_add(const Tensor& a, const Tensor& b) {
+  TORCH_CHECK(a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() && a.is_contiguous() && b.is_contiguous(),
+              "fused_decoder_layer: residual add of mismatched tensors");
+  Tensor out = at::empty_like(a);
+  if (a.scalar_type() == at::kFloat)
+    add_rows_f32(a.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), a.numel());
+  else
+    add_rows_bf16(a.data_ptr<at::BFloat16>(), b.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), a.numel());
+  return out;
+}
+
 // cache[slot[t], :, :] = rows[t] cast to the cache's dtype (what index_copy_(0, slot_mapping, k.to(dtype)) does)
 template <typename S, typename C>
 static void write_rows(const S* rows, int64_t ld_rows, const int64_t* slots, int64_t nt, int64_t width, C* cache,
@@ -278,7 +302,7 @@ static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_
   auto [h2, x1] = h.add_norm.call(o, x, L.post_norm, L.eps);
   const Tensor gu = L.gate_up.run(h2);
   const Tensor act = h.silu_mul.call(gu.narrow(1, 0, L.inter), gu.narrow(1, L.up_col, L.inter));
-  return at::add(x1, L.down.run(act));
+  return residual_add(x1, L.down.run(act));
 }
 
 static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, const Tensor& x, const Tensor& cos,
