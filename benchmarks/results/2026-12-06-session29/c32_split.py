@@ -1,7 +1,8 @@
-# c=32 (fp32 unless --dtype): AR, a never-drafting DFlash engine (K=0) and adaptive DFlash, one step each in turn;
-# per engine the time of each part of Engine.step
-import sys, time, torch, collections
-sys.path.insert(0, "/work/main/benchmarks")
+# python c32_split.py [float32|bfloat16] [CONCURRENCY]: AR, a never-drafting DFlash engine (K=0) and adaptive
+# DFlash in batching.py's closed loop, one step each in turn, 2 rounds; per engine the time of each part of
+# Engine.step (forward and greedy_tokens inside run), ms
+import os, sys, time, torch, collections
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 from batching import ClosedLoop, PROMPTS
 torch.set_num_threads(2)
 from dflash_trt import LLM
