@@ -1,4 +1,4 @@
-# python c16_fixed_k.py [bfloat16|float32] [CONCURRENCY]: batching.py's closed loop at one concurrency for AR and
+# python c16_fixed_k.py [bfloat16|float32] [CONCURRENCY] [REQUESTS]: batching.py's closed loop at one concurrency for AR and
 # DFlash drafting a fixed K = 1, 2, 3 every step (stepping in turn), with the adaptive engine's start-up cost curve
 # and what it predicts for each K: does drafting pay at this batch size, and does the curve say so
 import os, sys, torch
@@ -9,6 +9,7 @@ from dflash_trt import LLM
 from dflash_trt.embedded import embedded_paths
 dtype = sys.argv[1] if len(sys.argv) > 1 else "bfloat16"
 C = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+R = int(sys.argv[3]) if len(sys.argv) > 3 else 32
 t, d = embedded_paths()
 common = dict(target=t, max_batch_size=C, dtype=dtype)
 engines = {"AR": LLM(speculative=False, **common)}
@@ -22,7 +23,7 @@ for k in (1, 2, 3):
     step = c.target(C * (k + 1)) + c.drafter(C, k)
     print(f"  curve: K={k} step {step:.2f} vs AR {c.target(C):.2f} units: tokens needed per request "
           f"{step / c.target(C):.2f}")
-loops = {n: ClosedLoop(llm, (PROMPTS * C)[:max(C, 32)], C, 64) for n, llm in engines.items()}
+loops = {n: ClosedLoop(llm, (PROMPTS * (R // len(PROMPTS) + C))[:max(C, R)], C, 64) for n, llm in engines.items()}
 while any(lp.busy for lp in loops.values()):
     for lp in loops.values():
         if lp.busy:
