@@ -656,9 +656,9 @@ def test_bf16_scores_from_k_pairs_on_every_isa(d):
 
 def test_bf16_attention_chains_add_the_odd_term_first():
     """A bf16 model's score adds each dim pair's odd product, then the even one (vdpbf16ps' order), and its PV each
-    key pair's odd key, then the even one: on every ISA path but AMX-BF16 tiles. Values built so that the other order rounds to a
-    different result: 1 + 2^24 rounds to 2^24 (a tie, to even), so adding +2^24 before -2^24 cancels the 1 and
-    adding -2^24 first keeps it."""
+    key pair's odd key, then the even one: on every ISA path but AMX-BF16 tiles. Values built so that the other
+    order rounds to a different result: 1 + 2^24 rounds to 2^24 (a tie, to even), so adding +2^24 before -2^24
+    cancels the 1 and adding -2^24 first keeps it."""
     d, big = 64, 2.0 ** 12
     kc = torch.zeros(16, 1, d)
     vc = torch.zeros(16, 1, d)

@@ -409,7 +409,8 @@ static void quantize_part(const LinParams& p, int64_t r0, int64_t r1) {
   LinParams pp = p;
   if (pp.xh) pp.xh += r0 * p.ldx;
   else pp.x += r0 * p.ldx;
-  K().quantize_rows(pp, r1 - r0, const_cast<uint8_t*>(p.xq) + r0 * p.ldq, const_cast<float*>(p.xs) + r0 * p.nchunks);
+  K().quantize_rows(pp, r1 - r0, const_cast<uint8_t*>(p.xq) + r0 * p.ldq,
+                    const_cast<float*>(p.xs) + r0 * p.nchunks);
 }
 
 // F8 / I8 panels need their per-column scales: returns a pointer to them, or null for f32/bf16
@@ -2771,32 +2772,42 @@ static void att_pv_pairs(const AttnParams& p, int dv0, const int64_t* voff, int6
 #if BI_KERNEL_PASS == 1
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
-// att_pv_pairs with vdpbf16ps: two keys' 32-dim halves interleaved into k-pairs (word 2i: key j, 2i + 1: key
-// j + 1) by one two-source permute per 16 dims
-template <int QB>
-static void att_pv_pairs_dp(const AttnParams& p, int dv0, const int64_t* voff, int64_t jend, int64_t nk_max,
-                            const uint16_t* const* pb, const float* l, const int64_t* orow, const int64_t* nk) {
-  const uint16_t* vb = (const uint16_t*)p.vc;
+// Two keys' 64 dims from slice dv0 interleaved into k-pairs (word 2i: key j, 2i + 1: key j + 1), 16 dims per
+// vector, by one two-source permute per 16 dims; a key at or past nk_max is zeros, not a cache row
+BI_INLINE void key_pairs(const uint16_t* vb, const int64_t* voff, int64_t j, int64_t nk_max, int dv0,
+                         __m512i out[4]) {
   alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                                8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   const __m512i lo = _mm512_load_si512((const void*)kLo);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  __m512i e0 = _mm512_setzero_si512(), e1 = e0, o0 = e0, o1 = e0;
+  if (j < nk_max) {
+    const uint16_t* ve = vb + voff[j] + dv0 * 16;
+    e0 = _mm512_loadu_si512((const void*)ve);
+    e1 = _mm512_loadu_si512((const void*)(ve + 32));
+  }
+  if (j + 1 < nk_max) {
+    const uint16_t* vo = vb + voff[j + 1] + dv0 * 16;
+    o0 = _mm512_loadu_si512((const void*)vo);
+    o1 = _mm512_loadu_si512((const void*)(vo + 32));
+  }
+  out[0] = _mm512_permutex2var_epi16(e0, lo, o0);
+  out[1] = _mm512_permutex2var_epi16(e0, hi, o0);
+  out[2] = _mm512_permutex2var_epi16(e1, lo, o1);
+  out[3] = _mm512_permutex2var_epi16(e1, hi, o1);
+}
+// att_pv_pairs with vdpbf16ps on key_pairs
+template <int QB>
+static void att_pv_pairs_dp(const AttnParams& p, int dv0, const int64_t* voff, int64_t jend, int64_t nk_max,
+                            const uint16_t* const* pb, const float* l, const int64_t* orow, const int64_t* nk) {
+  const uint16_t* vb = (const uint16_t*)p.vc;
   V16 o[QB][4];
   BI_UNROLL for (int q = 0; q < QB; ++q)
     BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vzero();
   for (int64_t j = 0; j < jend; j += 2) {
-    const uint16_t* ve = vb + voff[j] + dv0 * 16;
-    const __m512i e0 = _mm512_loadu_si512((const void*)ve), e1 = _mm512_loadu_si512((const void*)(ve + 32));
-    __m512i o0 = _mm512_setzero_si512(), o1 = _mm512_setzero_si512();
-    if (j + 1 < nk_max) {
-      const uint16_t* vo = vb + voff[j + 1] + dv0 * 16;
-      o0 = _mm512_loadu_si512((const void*)vo);
-      o1 = _mm512_loadu_si512((const void*)(vo + 32));
-    }
-    const __m512bh v[4] = {(__m512bh)_mm512_permutex2var_epi16(e0, lo, o0),
-                           (__m512bh)_mm512_permutex2var_epi16(e0, hi, o0),
-                           (__m512bh)_mm512_permutex2var_epi16(e1, lo, o1),
-                           (__m512bh)_mm512_permutex2var_epi16(e1, hi, o1)};
+    __m512i kp[4];
+    key_pairs(vb, voff, j, nk_max, dv0, kp);
+    const __m512bh v[4] = {(__m512bh)kp[0], (__m512bh)kp[1], (__m512bh)kp[2], (__m512bh)kp[3]};
     BI_UNROLL for (int q = 0; q < QB; ++q) {
       uint32_t u;
       std::memcpy(&u, pb[q] + j, 4);
@@ -2866,10 +2877,6 @@ static void att_pv_amx(const AttnParams& p, int dv0, const int64_t* voff, int64_
                        const uint16_t* pb0, int64_t ldp, int nq, const float* l, const int64_t* orow,
                        const int64_t* nk) {
   const uint16_t* vb = (const uint16_t*)p.vc;
-  alignas(64) static const uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  const __m512i lo = _mm512_load_si512((const void*)kLo);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   alignas(64) uint32_t vt[4][16][16];  // per 16-dim slice: 16 key pairs x 16 dims x (even key, odd key)
   _tile_zero(0);
   _tile_zero(1);
@@ -2877,22 +2884,9 @@ static void att_pv_amx(const AttnParams& p, int dv0, const int64_t* voff, int64_
   _tile_zero(3);
   for (int64_t j0 = 0; j0 < jend; j0 += 32) {
     for (int k = 0; k < 16; ++k) {
-      const int64_t j = j0 + 2 * k;
-      __m512i e0 = _mm512_setzero_si512(), e1 = e0, o0 = e0, o1 = e0;
-      if (j < nk_max) {
-        const uint16_t* ve = vb + voff[j] + dv0 * 16;
-        e0 = _mm512_loadu_si512((const void*)ve);
-        e1 = _mm512_loadu_si512((const void*)(ve + 32));
-      }
-      if (j + 1 < nk_max) {
-        const uint16_t* vo = vb + voff[j + 1] + dv0 * 16;
-        o0 = _mm512_loadu_si512((const void*)vo);
-        o1 = _mm512_loadu_si512((const void*)(vo + 32));
-      }
-      _mm512_store_si512((void*)vt[0][k], _mm512_permutex2var_epi16(e0, lo, o0));
-      _mm512_store_si512((void*)vt[1][k], _mm512_permutex2var_epi16(e0, hi, o0));
-      _mm512_store_si512((void*)vt[2][k], _mm512_permutex2var_epi16(e1, lo, o1));
-      _mm512_store_si512((void*)vt[3][k], _mm512_permutex2var_epi16(e1, hi, o1));
+      __m512i kp[4];
+      key_pairs(vb, voff, j0 + 2 * k, nk_max, dv0, kp);
+      for (int d = 0; d < 4; ++d) _mm512_store_si512((void*)vt[d][k], kp[d]);
     }
     __asm__ volatile("" : : : "memory");
     _tile_loadd(4, pb0 + j0, ldp);
@@ -3111,8 +3105,7 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
       const float* x = p.xh ? nullptr : p.x + m * p.ldx + p.xk0 + c * cl;
       const uint16_t* xb = p.xh ? p.xh + m * p.ldx + p.xk0 + c * cl : nullptr;
       auto load = [x, xb](int64_t k, __mmask16 mk) {
-        if (xb) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, xb + k)), 16));
-        return _mm512_maskz_loadu_ps(mk, x + k);
+        return xb ? bf_widen(_mm256_maskz_loadu_epi16(mk, xb + k)).v : _mm512_maskz_loadu_ps(mk, x + k);
       };
       __m512 amax = _mm512_setzero_ps();
       int64_t k = 0;
