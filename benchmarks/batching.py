@@ -81,6 +81,9 @@ def main():
     ap.add_argument("--ready-too", action="store_true",
                     help="also run a DFlash engine that never drafts (draft_len_schedule {1: 0}): the cost of "
                          "capturing features and keeping the drafter's context")
+    ap.add_argument("--ar-too", action="store_true",
+                    help="also run a second AR engine: the spread between two identical engines (the noise floor of "
+                         "a ratio)")
     ap.add_argument("--draft-weights-too", metavar="FORMAT",
                     help="also run DFlash with the drafter packed as FORMAT (draft_weights; auto: the checkpoint's)")
     ap.add_argument("--dataset", default=None, help="humaneval or mtbench prompts (chat template, stop at EOS)")
@@ -103,6 +106,8 @@ def main():
                "DFlash": LLM(draft=args.draft, speculative=True, draft_len_policy=args.policy, **common)}
     if args.fixed_too:
         engines["fixed K"] = LLM(draft=args.draft, speculative=True, draft_len_policy="fixed", **common)
+    if args.ar_too:
+        engines["AR2"] = LLM(speculative=False, **common)
     if args.ready_too:
         engines["K=0"] = LLM(draft=args.draft, speculative=True, draft_len_schedule={1: 0}, **common)
     if args.draft_weights_too:

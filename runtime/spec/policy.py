@@ -12,7 +12,8 @@ starting from the engine-wide rate), so K drafts commit E(K) = 1 + p + ... + p^K
 costs depends on the machine and the load: a target pass over n rows costs T(n), and drafting for B requests
 adds a drafter pass D(B) (D(B, K) where the pass has only the rows K drafts need: DFlashProposer.block_rows).
 Autoregressive decoding of the same batch B commits 1 token per request for T(B), so a request drafts K > 0 only
-when E(K) / (T(B (K+1)) + D(B)) beats 1 / T(B): DFlash never runs where it would be slower than plain decoding.
+when E(K) / (T(B (K+1)) + D(B)) beats 1 / T(B), by a margin that grows with B (margin_for): DFlash never runs
+where it would be slower than plain decoding.
 In a batch of two or more, the requests that may draft are priced together instead, and draft one K
 (`SpecPolicy.plan`, `batch_draft_len`).
 
@@ -113,6 +114,18 @@ HOPEFUL_P = 0.9
 # drafting must beat autoregressive decoding by this much under the model: the model's own error (costs measured
 # once, acceptance estimated from few steps) is of that order, and a draft that only breaks even on paper loses
 MARGIN = 0.05
+# and by this much more for every request in the batch beside the first. The model prices one step of a steady,
+# full batch; a loaded batch's drafting returns its tokens unevenly (requests finish at their own pace, so slots
+# stand empty or prefill while the rest go on), and its step sits past the turn where rows cost their compute,
+# where the measured curve is extrapolated. At 16 requests on a CPU the model's error measured 6-14% of a step
+# (a fixed K = 1 it priced at +5-8% ran 1-7% slower than plain decoding:
+# benchmarks/results/2026-12-06-session29/c16_fixed_k_*.txt)
+MARGIN_PER_REQUEST = 0.01
+
+
+def margin_for(batch: int) -> float:
+    """How much drafting must beat autoregressive decoding under the model at this batch size."""
+    return MARGIN + MARGIN_PER_REQUEST * max(batch - 1, 0)
 
 
 def draft_rate(p: float, k: int, batch: int, costs: StepCosts) -> float:
@@ -243,8 +256,10 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         whatever its estimate)."""
         return self.mode == "fixed" or self.floor(k_cap, batch) < 1.0
 
-    def floor(self, k_cap: int, batch: int, margin: float = MARGIN) -> float:
-        """An acceptance at or below which no K <= k_cap pays at this batch size (cached per arguments)."""
+    def floor(self, k_cap: int, batch: int, margin: float | None = None) -> float:
+        """An acceptance at or below which no K <= k_cap pays at this batch size by `margin` (margin_for the batch
+        where not given; cached per arguments)."""
+        margin = margin_for(batch) if margin is None else margin
         key = (k_cap, batch, margin)
         lo = self._break_even.get(key)
         if lo is None:
@@ -271,11 +286,11 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         if planned is not None:
             k = min(planned, k_cap)
         else:
-            k = self.drafts_at(est.p, k_cap, batch, MARGIN)
+            k = self.drafts_at(est.p, k_cap, batch, margin_for(batch))
             # A request that gave up drafting resumes only when the K pays at the estimate's lower bound too.
             # Else one landed probe lifts p over a thin gain (a batch whose verify rows cost), drafting resumes,
             # the text goes on as before and the steps cost more than they commit, until p falls again.
-            if k > 0 and est.idle > 0 and not pays(est.p_low, k, batch, self.costs, MARGIN):
+            if k > 0 and est.idle > 0 and not pays(est.p_low, k, batch, self.costs, margin_for(batch)):
                 k = 0
         if k > 0:
             est.idle = est.probe_gap = 0  # drafting pays again: a later give-up starts from short waits
@@ -383,7 +398,7 @@ class SpecPolicy:
                 others += 1
         if able:
             self.planned = batch_draft_len([a[0] for a in able], [a[1] for a in able], others, k, self.costs,
-                                           MARGIN)
+                                           margin_for(len(decoding)))
 
     def new_request(self, seq) -> None:
         if self.max_draft_len:
