@@ -117,9 +117,8 @@ MARGIN = 0.05
 # and by this much more for every request in the batch beside the first. The model prices one step of a steady,
 # full batch; a loaded batch's drafting returns its tokens unevenly (requests finish at their own pace, so slots
 # stand empty or prefill while the rest go on), and its step sits past the turn where rows cost their compute,
-# where the measured curve is extrapolated. At 16 requests on a CPU the model's error measured 6-14% of a step
-# (a fixed K = 1 it priced at +5-8% ran 1-7% slower than plain decoding:
-# benchmarks/results/2026-12-06-session29/c16_fixed_k_*.txt)
+# where the measured curve is extrapolated. Chosen where a loaded CPU batch put the model's error (fixed K at 16
+# requests against plain decoding: docs/cpu_performance.md, "Session 30")
 MARGIN_PER_REQUEST = 0.01
 
 

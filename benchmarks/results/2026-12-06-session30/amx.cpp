@@ -1,3 +1,5 @@
+// g++ -O2 -mamx-tile -mamx-bf16 -mavx512f -o amx amx.cpp && ./amx VARIANT ROWS [PREFETCH]: bf16 k-pair panels on AMX tiles,
+// one core's share of the embedded target's 30 layers, row blocks of <= 16 (amx_lin_rows.txt lists the variants)
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -106,7 +108,6 @@ int main(int argc, char** argv) {
         for (int64_t g = 0; g < P; ++g)
           for (int b = 0; b < nb; ++b) {
             if (variant == 1) k1(x.data(), ldb, w + g * nt * 32, nt, out[0], pf);
-            else if (variant == 3 && false) {}
             else if (variant == 13) k1(x.data(), ldb, w + g * nt * 32, nt, out[0], pf && b == 0);
             else k1db(x.data(), ldb, w + g * nt * 32, nt, out[0], pf);
           }

@@ -1,3 +1,5 @@
+// g++ -O2 -mamx-tile -mamx-bf16 -o lat lat.cpp && ./lat: tdpbf16ps issue rate with 1, 2 and 4 accumulator chains, and a
+// step of tile loads and products, all in L1
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
