@@ -1,5 +1,6 @@
 # python rs.py new SECONDS WEIGHTS [1|8|1,8]: session 29's ratio_same.py replaying only the 1-row or the 8-row forwards
-# (printing PHASE when the replay starts, for perf to attach), on the DFlash engine's target (one set of weights)
+# (printing PHASE when the replay starts, for perf to attach), on the DFlash engine's target (one set of weights);
+# CH=N: the greedy screen's chunks
 import sys, time, statistics, os, torch
 torch.set_num_threads(2)
 from dflash_trt.plugins import invariant as inv
@@ -10,6 +11,8 @@ if sys.argv[1] != "new":  # that revision's layer op too, where invariant_layer.
     if os.path.exists(old_layer):
         layer._SOURCE = old_layer
 inv.load()
+import dflash_trt.greedy_head as gh
+gh.CHUNKS = int(os.environ.get("CH", "8"))
 from dflash_trt import LLM, SamplingParams
 from dflash_trt.embedded import embedded_paths
 secs, W = float(sys.argv[2]), sys.argv[3]
