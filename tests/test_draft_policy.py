@@ -272,8 +272,8 @@ def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
     assert at == [(64, 1), (128, 1), (192, 1)]
 
 
-# the adaptive engine's start-up costs with the embedded pair in bf16 at 16 slots (2-thread Xeon):
-# benchmarks/results/2026-12-06-session29/c16_fixed_k_bf16.txt
+# the adaptive engine's start-up costs with the embedded pair in bf16 at 16 slots, as measured beside a fixed K
+# (benchmarks/results/2026-12-06-session29/c16_fixed_k_bf16.txt)
 BF16_C16 = StepCosts(row=0.026, draft=0.192, draft_row=0.023,
                      curve=((1, 1.03), (4, 1.06), (8, 1.15), (12, 1.28), (16, 1.51), (32, 1.91)),
                      draft_curve=((1, 0.23), (4, 0.28), (16, 0.59)), draft_rows=4)
@@ -281,8 +281,9 @@ BF16_C16 = StepCosts(row=0.026, draft=0.192, draft_row=0.023,
 
 def test_a_loaded_batch_drafts_only_past_a_wider_margin():
     """At 16 requests a fixed K = 1 at acceptance 0.64 (tau 1.64) ran 6-7% slower than plain decoding although the
-    model priced it 8% faster (and K = 2, which a flat margin picks, 13% slower): a batch's margin grows with its requests, so that batch does not draft, while the
-    same acceptance still drafts at 1 and 4 requests and a far better one still drafts at 16."""
+    model priced it 8% faster (and K = 2, which a flat margin picks, 13% slower): a batch's margin grows with its
+    requests, so that batch does not draft, while the same acceptance still drafts at 1 and 4 requests and a far
+    better one still drafts at 16."""
     from dflash_trt.sequence import Sequence
     from dflash_trt.spec.config import SpecConfig
     from dflash_trt.spec.policy import SpecPolicy, batch_draft_len, margin_for
