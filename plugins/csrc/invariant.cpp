@@ -98,7 +98,11 @@ struct LinParams {
   const uint8_t* xq;
   int64_t ldq;
   const float* xs;
-  bool quantize;  // I8Q: xq / xs are buffers that run_linear fills from x first (quantize_x)
+  // I8Q, where not null: the same codes as signed bytes (code - 128, [M][ldq]), which the AVX-512 pass's tiles
+  // and VNNI kernel multiply; its quantize_rows writes them beside xq, so every row is flipped once, by the
+  // thread that quantised it, instead of by every thread for every linear
+  uint8_t* xsq;
+  bool quantize;  // I8Q: xq / xs (and xsq) are buffers that run_linear fills from x first (quantize_x)
 };
 
 struct NormParams {
@@ -392,13 +396,15 @@ static int64_t packed_k(const at::Tensor& packed) {
 // W8A8: the buffers for x quantised per row and chunk, which run_linear fills first (the kernel table's
 // quantize_rows; every ISA's version gives the same codes and scales, whichever thread quantises a row)
 static void quantize_x(LinParams& p, int64_t M) {
-  thread_local std::vector<uint8_t> q;  // per calling thread, reused: no allocation per decode step
+  thread_local std::vector<uint8_t> q, f;  // per calling thread, reused: no allocation per decode step
   thread_local std::vector<float> s;
   const int64_t cl = p.chunk_len, kx = cl * p.nchunks;
   TORCH_CHECK(cl % 4 == 0, "bi_linear: a W8A8 weight needs chunks of a multiple of 4 columns, got ", cl);
   q.resize((size_t)(M * kx));
+  f.resize((size_t)(M * kx));
   s.resize((size_t)(M * p.nchunks));
   p.xq = q.data();
+  p.xsq = f.data();
   p.ldq = kx;
   p.xs = s.data();
   p.quantize = true;
@@ -409,6 +415,7 @@ static void quantize_part(const LinParams& p, int64_t r0, int64_t r1) {
   LinParams pp = p;
   if (pp.xh) pp.xh += r0 * p.ldx;
   else pp.x += r0 * p.ldx;
+  if (pp.xsq) pp.xsq += r0 * p.ldq;
   K().quantize_rows(pp, r1 - r0, const_cast<uint8_t*>(p.xq) + r0 * p.ldq,
                     const_cast<float*>(p.xs) + r0 * p.nchunks);
 }
@@ -2382,9 +2389,13 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
 #if BI_KERNEL_PASS == 1
   thread_local std::vector<int32_t> xcb;
   thread_local std::vector<uint8_t> xsb;
-  if ((int64_t)xsb.size() < rows * p.ldq) xsb.resize(rows * p.ldq);
-  flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data(), p.ldq);
-  xrows = xsb.data();
+  if (p.xsq) {
+    xrows = p.xsq + m0 * p.ldq;
+  } else {
+    if ((int64_t)xsb.size() < rows * p.ldq) xsb.resize(rows * p.ldq);
+    flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data(), p.ldq);
+    xrows = xsb.data();
+  }
 #endif
   if (amx && base >= 8 && (nq % 16 == 0 || nq >= 64)) {
     // AMX tiles pay from 8 rows (a verify block) on, where a chunk is whole 16-quad steps or several of them (a
@@ -3102,6 +3113,7 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
     for (int c = 0; c < p.nchunks; ++c) {
       uint8_t* d = q + m * kx + c * cl;
 #if BI_KERNEL_PASS == 1
+      uint8_t* f = p.xsq ? p.xsq + m * p.ldq + c * cl : nullptr;
       const float* x = p.xh ? nullptr : p.x + m * p.ldx + p.xk0 + c * cl;
       const uint16_t* xb = p.xh ? p.xh + m * p.ldx + p.xk0 + c * cl : nullptr;
       auto load = [x, xb](int64_t k, __mmask16 mk) {
@@ -3121,7 +3133,9 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
         const __mmask16 mk = k + 16 <= cl ? (__mmask16)0xFFFF : tail;
         __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(load(k, mk), vinv), shift), shift);
         v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-        _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_add_epi32(_mm512_cvttps_epi32(v), off));
+        const __m512i iv = _mm512_cvttps_epi32(v);
+        _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_add_epi32(iv, off));
+        if (f) _mm512_mask_cvtepi32_storeu_epi8(f + k, mk, iv);  // the signed code: the byte xq ^ 0x80
       }
 #else
       const float* x;
