@@ -98,9 +98,8 @@ struct LinParams {
   const uint8_t* xq;
   int64_t ldq;
   const float* xs;
-  // I8Q, where not null: the same codes as signed bytes (code - 128, [M][ldq]), which the AVX-512 pass's tiles
-  // and VNNI kernel multiply; its quantize_rows writes them beside xq, so every row is flipped once, by the
-  // thread that quantised it, instead of by every thread for every linear
+  // I8Q: the same codes as signed bytes (code - 128, [M][ldq]), which the AVX-512 pass's tiles and VNNI kernel
+  // multiply; its quantize_rows writes them beside xq, each row once, by the thread that quantised it
   uint8_t* xsq;
   bool quantize;  // I8Q: xq / xs (and xsq) are buffers that run_linear fills from x first (quantize_x)
 };
@@ -1466,7 +1465,7 @@ BI_INLINE V16 vexp(V16 x) {
 // first quad (panels pstride int32 apart). Integer sums are exact, so how they are formed never shows.
 // xc: per row, 128 * sum_k (xq[m][k] - 128) over the call's quads, where the caller has it (a row's chunk is the
 // same for every panel), or nullptr; only the VNNI kernel, whose products carry that term, reads it. The VNNI
-// kernel takes its rows' codes flipped to xq - 128 (signed bytes: flip_codes) and always with xc.
+// kernel takes its rows' codes flipped to xq - 128 (signed bytes: LinParams.xsq) and always with xc.
 typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*, const int32_t*);
 #ifndef BI_PF_FAR
 // 128-byte k-steps of a weight panel (32 KiB) fetched ahead into L2 by tiles of 2+ rows, besides the near L1
@@ -1502,22 +1501,6 @@ static int32_t xs_corr(const uint8_t* x, int64_t n) { return (int32_t)((uint32_t
 BI_INLINE __m512i dpbusd_bcst(__m512i acc, __m512i u, const uint8_t* s) {
   __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t*)s));
   return acc;
-}
-// n codes of each of the rows xq (+128, rows ldq apart) as signed bytes xq - 128 (the top bit flipped) in xs
-// (rows lds apart)
-static void flip_codes(const uint8_t* xq, int64_t ldq, int64_t rows, int64_t n, uint8_t* xs, int64_t lds) {
-  const __m512i flip = _mm512_set1_epi8((char)0x80);
-  for (int64_t m = 0; m < rows; ++m) {
-    const uint8_t* src = xq + m * ldq;
-    uint8_t* dst = xs + m * lds;
-    int64_t k = 0;
-    for (; k + 64 <= n; k += 64)
-      _mm512_storeu_si512((void*)(dst + k), _mm512_xor_si512(_mm512_loadu_si512((const void*)(src + k)), flip));
-    if (k < n) {
-      const __mmask64 mk = _bzhi_u64(~0ull, (unsigned)(n - k));
-      _mm512_mask_storeu_epi8(dst + k, mk, _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, src + k), flip));
-    }
-  }
 }
 template <int MR, int NP>
 static void linq_kernel(const uint8_t* xs, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq,
@@ -2383,19 +2366,12 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
       }
     }
   };
-  // The rows' codes flipped to signed bytes (the VNNI kernel's broadcast operand, the AMX tiles' x) and, for VNNI,
-  // their correction terms, once per row and chunk for all panels ([chunk][row])
+  // The rows' codes as signed bytes (the VNNI kernel's broadcast operand, the AMX tiles' x: quantize_rows wrote
+  // them) and, for VNNI, their correction terms, once per row and chunk for all panels ([chunk][row])
   const int32_t* xc = nullptr;
 #if BI_KERNEL_PASS == 1
   thread_local std::vector<int32_t> xcb;
-  thread_local std::vector<uint8_t> xsb;
-  if (p.xsq) {
-    xrows = p.xsq + m0 * p.ldq;
-  } else {
-    if ((int64_t)xsb.size() < rows * p.ldq) xsb.resize(rows * p.ldq);
-    flip_codes(xrows, p.ldq, rows, cl * nch, xsb.data(), p.ldq);
-    xrows = xsb.data();
-  }
+  xrows = p.xsq + m0 * p.ldq;
 #endif
   if (amx && base >= 8 && (nq % 16 == 0 || nq >= 64)) {
     // AMX tiles pay from 8 rows (a verify block) on, where a chunk is whole 16-quad steps or several of them (a
