@@ -285,11 +285,12 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         if planned is not None:
             k = min(planned, k_cap)
         else:
-            k = self.drafts_at(est.p, k_cap, batch, margin_for(batch))
+            margin = margin_for(batch)
+            k = self.drafts_at(est.p, k_cap, batch, margin)
             # A request that gave up drafting resumes only when the K pays at the estimate's lower bound too.
             # Else one landed probe lifts p over a thin gain (a batch whose verify rows cost), drafting resumes,
             # the text goes on as before and the steps cost more than they commit, until p falls again.
-            if k > 0 and est.idle > 0 and not pays(est.p_low, k, batch, self.costs, margin_for(batch)):
+            if k > 0 and est.idle > 0 and not pays(est.p_low, k, batch, self.costs, margin):
                 k = 0
         if k > 0:
             est.idle = est.probe_gap = 0  # drafting pays again: a later give-up starts from short waits

@@ -1,6 +1,6 @@
 # python perf_diff.py 1ROW_MS 8ROW_MS: the per-symbol samples of perf_w8a8_{1row,8rows}_symbols.txt (perf report
-# --no-children --sort sym of a replayed W8A8 target forward, 2 threads, 8 s: `python rs.py new 20 w8a8 1` and
-# `... 8`, perf attached after PHASE) as thread-ms per forward (share x 2 threads x the replay's median), and
+# --no-children --sort sym of a replayed W8A8 target forward, 2 threads, 8 s:
+# `python ../2026-12-06-session29/ratio_same.py new 20 w8a8 1` and `... 8`, perf attached after PHASE) as thread-ms per forward (share x 2 threads x the replay's median), and
 # their difference, largest first
 import collections, os, re, sys
 here = os.path.dirname(os.path.abspath(__file__))
