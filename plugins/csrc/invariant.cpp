@@ -871,8 +871,8 @@ static at::Tensor bi_greedy_screen(const at::Tensor& rest, const at::Tensor& wo,
               "bi_greedy_screen: wo must be a contiguous float32 or bfloat16 matrix");
   const int64_t M = rest.size(0), V = rest.size(1), D = x.size(1), n_out = xo.size(1);
   TORCH_CHECK(wo.size(0) == n_out && wo.size(1) == V && g.size(0) == 3 && g.size(1) == V &&
-                  xr.sizes() == x.sizes() && x.size(0) == M && xo.size(0) == M && chunks > 0 && D % chunks == 0 &&
-                  V > 0,
+                  xr.sizes() == x.sizes() && x.size(0) == M && xo.size(0) == M && chunks > 0 && chunks <= 8 &&
+                  D % chunks == 0 && V > 0,
               "bi_greedy_screen: shapes do not match");
   const float* gmax = gm.data_ptr<float>();
   std::vector<double> coef((size_t)(3 * M));
@@ -1187,7 +1187,16 @@ BI_INLINE __m512i bf_round_bits(__m512 x) {  // rounded fp32 bits with the low 1
   return _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC00000));
 }
 BI_INLINE V16 vround_bf(V16 a) { return {_mm512_castsi512_ps(bf_round_bits(a.v))}; }
-BI_INLINE __m256i bf_narrow(V16 a) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf_round_bits(a.v), 16)); }
+// bf_round_bits' high halves, gathered by one word permute; the low halves it clears are dropped anyway
+BI_INLINE __m256i bf_narrow(V16 a) {
+  const __m512i b = _mm512_castps_si512(a.v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC00000));
+  const __m512i odd = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27, 25, 23,
+                                       21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd, r));
+}
 BI_INLINE void vstore_bf(uint16_t* p, V16 a) { _mm256_storeu_si256((__m256i*)p, bf_narrow(a)); }
 BI_INLINE void vstore_bf_n(uint16_t* p, V16 a, int n) { _mm256_mask_storeu_epi16(p, mask16(n), bf_narrow(a)); }
 BI_INLINE void vload_bfpair(const uint32_t* p, V16& c0, V16& c1) {
@@ -1577,16 +1586,15 @@ static void linq_amx(const uint8_t* xs, int64_t lds, const int32_t* w, int64_t n
   __asm__ volatile("" : : : "memory");  // GCC's tile intrinsics name no memory: the stores above must be seen
 }
 #pragma GCC pop_options
-// one chunk's sums for mr rows: the whole 16-quad steps on tiles, the quads after them on VNNI (fk); xq the
-// codes (+128), xs the same rows flipped, both ldq apart
-static void linq_tiles(const uint8_t* xq, const uint8_t* xs, int64_t ldq, const int32_t* w, int64_t pstride,
-                       int64_t nq, int mr, LinqFn fk, int32_t* out) {
+// one chunk's sums for mr rows: the whole 16-quad steps on tiles, the quads after them on VNNI (fk); xs the
+// rows' signed codes, ldq apart; xc the VNNI quads' correction terms per row (the caller's, as they are the same
+// for every panel)
+static void linq_tiles(const uint8_t* xs, int64_t ldq, const int32_t* w, int64_t pstride, int64_t nq, int mr,
+                       LinqFn fk, int32_t* out, const int32_t* xc) {
   const int64_t nt = nq / 16 * 16;
   alignas(64) int32_t rest[MRQ * 32];
   linq_amx(xs, ldq, w, nt, out);
   if (nq == nt) return;
-  int32_t xc[MRQ];  // < 16 quads: the VNNI kernel with their own correction terms
-  for (int m = 0; m < mr; ++m) xc[m] = xs_corr(xq + m * ldq + 4 * nt, 4 * (nq - nt));
   fk(xs + 4 * nt, ldq, w + nt * 32, pstride, nq - nt, rest, xc);
   for (int m = 0; m < mr; ++m)
     for (int j = 0; j < 32; ++j) out[m * 32 + j] += rest[m * 32 + j];  // exact: the true sums fit int32
@@ -2342,7 +2350,7 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
       const int32_t* wc = w0 + g * pstride + ((p.wk0 + c * cl) / 4) * 32;
 #if BI_KERNEL_PASS == 1
       if (tiles) {
-        linq_tiles(p.xq + r * p.ldq + c * cl, xk, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs);
+        linq_tiles(xk, p.ldq, wc, pstride, nq, mr, fk, ibp + c * cs, xc ? xc + c * MRQ : nullptr);
         continue;
       }
 #else
@@ -2381,8 +2389,15 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
       const int mr = base + (t < extra ? 1 : 0);
 #if BI_KERNEL_PASS == 1
       amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
-#endif
+      // the correction terms of the quads after the last whole 16-quad step, once per chunk for all panels
+      int32_t tc[8 * MRQ];
+      const int64_t tail = nq % 16, q0 = nq - tail;
+      for (int c = 0; tail && c < nch; ++c)
+        for (int m = 0; m < mr; ++m) tc[c * MRQ + m] = xs_corr(p.xq + (r + m) * p.ldq + c * cl + 4 * q0, 4 * tail);
+      for (int64_t g = pn0; g < pn1; ++g) run(g, r, mr, t < extra ? fk_extra : fk_base, true, tail ? tc : nullptr);
+#else
       for (int64_t g = pn0; g < pn1; ++g) run(g, r, mr, t < extra ? fk_extra : fk_base, true, nullptr);
+#endif
       r += mr;
     }
     return;
@@ -2452,16 +2467,49 @@ static void norm_rows(const NormParams& p, int64_t r0, int64_t r1) {
 
 // ---- SiLU(gate) * up -----------------------------------------------------------------------------------
 
+BI_INLINE V16 silu(V16 g) { return vdiv(g, vadd(vset1(1.0f), vexp(vsub(vzero(), g)))); }
+
+#if BI_KERNEL_PASS == 1
+// A bf16 gate has 2^16 values: SiLU of each, rounded to bf16, computed once by silu() itself (so every bit is
+// the arithmetic's), is a 128 KiB table that one gather reads for 16 lanes in place of the exp and the divide.
+// One entry of padding: the gather reads 32 bits at each entry.
+static const uint16_t* silu_bf16_table() {
+  static const std::vector<uint16_t> table = [] {
+    std::vector<uint16_t> t(65536 + 2);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int i = 0; i < 65536; i += 16) {
+      const __m512i bits = _mm512_add_epi32(lanes, _mm512_set1_epi32(i));
+      const V16 g = {_mm512_castsi512_ps(_mm512_slli_epi32(bits, 16))};
+      _mm256_storeu_si256((__m256i*)(t.data() + i), bf_narrow(silu(g)));
+    }
+    return t;
+  }();
+  return table.data();
+}
+#endif
+
 template <bool BF>
 static void silu_rows_t(const SiluParams& p, int64_t r0, int64_t r1) {
-  const V16 one = vset1(1.0f);
+#if BI_KERNEL_PASS == 1
+  const uint16_t* table = BF ? silu_bf16_table() : nullptr;
+#endif
   for (int64_t row = r0; row < r1; ++row) {
     for (int64_t c = 0; c < p.C; c += 16) {
       const int n = p.C - c >= 16 ? 16 : (int)(p.C - c);
-      V16 g = ld_n<BF>(p.g, row * p.ldg + c, n);
       V16 u = ld_n<BF>(p.u, row * p.ldu + c, n);
-      V16 s = vdiv(g, vadd(one, vexp(vsub(vzero(), g))));
+      V16 s;
+#if BI_KERNEL_PASS == 1
+      if (BF) {
+        const uint16_t* gb = (const uint16_t*)p.g + row * p.ldg + c;
+        const __m512i gi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask16(n), gb));
+        s.v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_i32gather_epi32(gi, (const void*)table, 2), 16));
+      } else {
+        s = silu(ld_n<BF>(p.g, row * p.ldg + c, n));
+      }
+#else
+      s = silu(ld_n<BF>(p.g, row * p.ldg + c, n));
       if (BF) s = vround_bf(s);
+#endif
       st_n<BF>(p.y, row * p.ldy + c, vmul(s, u), n);
     }
   }
@@ -3102,16 +3150,21 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
       if (k < cl) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(k, tail)));
       const float a = _mm512_reduce_max_ps(amax);
       const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
-      const __m512 vinv = _mm512_set1_ps(inv), shift = _mm512_set1_ps(12582912.0f);
-      const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
-      const __m512i off = _mm512_set1_epi32(128);
+      // |x * inv| <= 127 (up to rounding), so cvtps2dq's nearest-even conversion is the rint and the clamp of
+      // the other ISAs' pass, and a NaN lane is the same integer indefinite (code 128) in both
+      const __m512 vinv = _mm512_set1_ps(inv);
+      const __m128i flip = _mm_set1_epi8((char)0x80);
       for (k = 0; k < cl; k += 16) {
         const __mmask16 mk = k + 16 <= cl ? (__mmask16)0xFFFF : tail;
-        __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(load(k, mk), vinv), shift), shift);
-        v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-        const __m512i iv = _mm512_cvttps_epi32(v);
-        _mm512_mask_cvtepi32_storeu_epi8(d + k, mk, _mm512_add_epi32(iv, off));
-        if (f) _mm512_mask_cvtepi32_storeu_epi8(f + k, mk, iv);  // the signed code: the byte xq ^ 0x80
+        const __m128i sc = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(load(k, mk), vinv)));
+        const __m128i uc = _mm_xor_si128(sc, flip);  // the stored code: the signed one + 128
+        if (mk == (__mmask16)0xFFFF) {
+          _mm_storeu_si128((__m128i*)(d + k), uc);
+          if (f) _mm_storeu_si128((__m128i*)(f + k), sc);
+        } else {
+          _mm_mask_storeu_epi8(d + k, mk, uc);
+          if (f) _mm_mask_storeu_epi8(f + k, mk, sc);
+        }
       }
 #else
       const float* x;
