@@ -1468,6 +1468,31 @@ BI_INLINE V16 vexp(V16 x) {
   return vmul(p, vpow2i(fx));
 }
 
+// vexp where x <= 0 or NaN (a softmax's s - max): no upper clamp, and on AVX-512 the rounding and the power of two
+// in one instruction each (roundscale: the magic shift's nearest-even integer; scalef: p * 2^fx, the product
+// vpow2i's multiply rounds, fx in [-126, 0]), so every bit is vexp's
+#if BI_KERNEL_PASS == 1
+BI_INLINE V16 vexp_nonpos(V16 x) {
+  x = vmax(x, vset1(-87.3f));
+  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x.v, _mm512_set1_ps(1.44269504088896341f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  V16 f = {fx};
+  V16 r = vfma(f, vset1(-0.693359375f), x);
+  r = vfma(f, vset1(2.12194440e-4f), r);
+  V16 p = vset1(1.9875691500e-4f);
+  p = vfma(p, r, vset1(1.3981999507e-3f));
+  p = vfma(p, r, vset1(8.3334519073e-3f));
+  p = vfma(p, r, vset1(4.1665795894e-2f));
+  p = vfma(p, r, vset1(1.6666665459e-1f));
+  p = vfma(p, r, vset1(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), r);
+  p = vadd(p, vset1(1.0f));
+  return {_mm512_scalef_ps(p.v, fx)};
+}
+#else
+BI_INLINE V16 vexp_nonpos(V16 x) { return vexp(x); }
+#endif
+
 // ---- W8A8 integer dot products ------------------------------------------------------------------------
 // linq_kernel: the exact int32 sums of one chunk, out[(m * NP + j) * 32 + col] = sum_k (xq[m][k] - 128) * w[k]
 // for MR rows and NP panels; xq: row 0 at the chunk's first column (rows ldq apart); w: panel 0 at the chunk's
@@ -2321,6 +2346,29 @@ static LinqFn linq_pick(int mr) {
   return nullptr;
 }
 
+// W8A8 output of panel g for rows r .. r + mr - 1 from the chunks' exact sums (ib: [chunk][row][32], chunks cs
+// apart): per chunk float(sum) * row scale * column scale, the pairwise tree over chunks, + bias. NCH: the
+// chunk count as a constant, or 0 for p.nchunks
+template <int NCH>
+BI_INLINE void linq_epilogue(const LinParams& p, const int32_t* ib, int64_t cs, int64_t g, int64_t r, int mr) {
+  const int nch = NCH ? NCH : p.nchunks;
+  for (int h = 0; h < 2; ++h) {
+    const int64_t col = g * 32 + 16 * h;
+    const int64_t rem = p.N - col;
+    if (rem <= 0) continue;
+    const int nv = rem >= 16 ? 16 : (int)rem;
+    const V16 sw = vload(p.ws + col);
+    V16 bias = vzero();
+    if (p.bias) bias = ld_n<false>(p.bias, col, nv);
+    for (int m = 0; m < mr; ++m) {
+      V16 t[NCH ? NCH : 8];
+      BI_UNROLL for (int c = 0; c < nch; ++c)
+        t[c] = vmul(vmul(vcvt_i32(ib + c * cs + m * 32 + 16 * h), vset1(p.xs[(r + m) * nch + c])), sw);
+      tree_store(p, t, nch, bias, r + m, col, nv);
+    }
+  }
+}
+
 static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0, int64_t pn1) {
 #if BI_KERNEL_PASS == 1
   static const bool vnni = __builtin_cpu_supports("avx512vnni");
@@ -2358,20 +2406,12 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
 #endif
       fk(xk, p.ldq, wc, pstride, nq, ibp + c * cs, xc ? xc + c * rows : nullptr);
     }
-    for (int h = 0; h < 2; ++h) {
-      const int64_t col = g * 32 + 16 * h;
-      const int64_t rem = p.N - col;
-      if (rem <= 0) continue;
-      const int nv = rem >= 16 ? 16 : (int)rem;
-      const V16 sw = vload(p.ws + col);
-      V16 bias = vzero();
-      if (p.bias) bias = ld_n<false>(p.bias, col, nv);
-      for (int m = 0; m < mr; ++m) {
-        V16 t[8];
-        for (int c = 0; c < nch; ++c)
-          t[c] = vmul(vmul(vcvt_i32(ibp + c * cs + m * 32 + 16 * h), vset1(p.xs[(r + m) * nch + c])), sw);
-        tree_store(p, t, nch, bias, r + m, col, nv);
-      }
+    switch (nch) {  // the chunk counts bi_linear allows, as constants: the partials stay in registers
+      case 1: return linq_epilogue<1>(p, ibp, cs, g, r, mr);
+      case 2: return linq_epilogue<2>(p, ibp, cs, g, r, mr);
+      case 4: return linq_epilogue<4>(p, ibp, cs, g, r, mr);
+      case 8: return linq_epilogue<8>(p, ibp, cs, g, r, mr);
+      default: return linq_epilogue<0>(p, ibp, cs, g, r, mr);
     }
   };
   // The rows' codes as signed bytes (the VNNI kernel's broadcast operand, the AMX tiles' x: quantize_rows wrote
@@ -2999,9 +3039,7 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
       alignas(64) uint16_t qp[ATT_Q * 16 * NDV];  // the queries' rows, packed for the A tiles
       for (int q = 0; q < nq; ++q) std::memcpy(qp + q * 16 * NDV, (const uint16_t*)p.q + qoff[q], 32 * NDV);
       amx_configure_attention(nq);
-      att_scores_amx<8 * NDV>(p, koff, nk_max, qp, sc[0], sc_stride);
-      for (int q = 0; q < nq; ++q)
-        for (int64_t j0 = 0; j0 < nk_max; j0 += 16) vstore(sc[q] + j0, vmul(vload(sc[q] + j0), scale));
+      att_scores_amx<8 * NDV>(p, koff, nk_max, qp, sc[0], sc_stride);  // unscaled: the softmax scales them
       keys_done = true;
     }
 #endif
@@ -3032,16 +3070,21 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
       if (pairs) std::memset(sb, 0, (size_t)jend * 2);
       continue;
     }
+    // the tiles' raw products times the scale here, as they are read (the same product the other paths form)
+    auto score = [&](V16 v) { return tiles ? vmul(v, scale) : v; };
     int64_t j0 = 0;
     V16 mx = vset1(-INFINITY);
-    for (; j0 + 16 <= n; j0 += 16) mx = vmax(mx, vload(s + j0));
+    for (; j0 + 16 <= n; j0 += 16) mx = vmax(mx, score(vload(s + j0)));
     float m = hmax(mx);
-    for (; j0 < n; ++j0) m = s[j0] > m ? s[j0] : m;  // max is exact whatever the order
+    for (; j0 < n; ++j0) {
+      const float v = tiles ? s[j0] * p.scale : s[j0];
+      m = v > m ? v : m;  // max is exact whatever the order
+    }
     const V16 mv = vset1(m);
     V16 acc = vzero();
     for (j0 = 0; j0 < n; j0 += 16) {
       const int nb = (int)std::min<int64_t>(16, n - j0);
-      V16 e = vexp(vsub(ld_n<false>(s, j0, nb), mv));
+      V16 e = vexp_nonpos(vsub(score(ld_n<false>(s, j0, nb)), mv));
       if (nb < 16) {  // zero the lanes past the last key
         alignas(64) float t[16];
         vstore_n(t, e, nb);
