@@ -53,7 +53,7 @@ def test_w8a8_is_the_integer_reference_on_every_isa(isa):
             if m > 2:
                 x[1] = 0  # an all-zero row: its scale is 0
             bias = torch.randn(n, generator=g)
-            for ks in ((1, 2, 8) if k % 32 == 0 else (1, 2)) if k % 8 == 0 else (1,):  # 8: 2 * 4-quad chunks and up
+            for ks in ((1, 2, 8) if k % 32 == 0 else (1, 2)) if k % 8 == 0 else (1,):  # 8: the o / down split
                 assert torch.equal(bi.linear(x, pk, bias, ks), _reference(x, w, bias, ks)), (isa, n, k, m, ks)
             xb = x.to(torch.bfloat16)
             yb = bi.linear(xb, pk)

@@ -1450,11 +1450,8 @@ BI_INLINE V16 reduce16(const V16* a) { V16 r; for (int j = 0; j < 16; ++j) r.v[j
 
 // ------------------------------------------------------------------------------- shared 16-lane algorithms
 
-// exp(x): Cody-Waite reduction by ln2 and the Cephes expf polynomial; |rel err| ~ 2 ulp.
-BI_INLINE V16 vexp(V16 x) {
-  x = vmin(vmax(x, vset1(-87.3f)), vset1(88.7f));
-  const V16 magic = vset1(12582912.0f);  // 1.5 * 2^23: adding and subtracting rounds to nearest even
-  V16 fx = vsub(vadd(vmul(x, vset1(1.44269504088896341f)), magic), magic);
+// e^x / 2^fx for fx = x / ln2 rounded to an integer: Cody-Waite reduction by ln2 and the Cephes expf polynomial
+BI_INLINE V16 exp_reduced(V16 x, V16 fx) {
   V16 r = vfma(fx, vset1(-0.693359375f), x);
   r = vfma(fx, vset1(2.12194440e-4f), r);
   V16 p = vset1(1.9875691500e-4f);
@@ -1464,8 +1461,15 @@ BI_INLINE V16 vexp(V16 x) {
   p = vfma(p, r, vset1(1.6666665459e-1f));
   p = vfma(p, r, vset1(5.0000001201e-1f));
   p = vfma(p, vmul(r, r), r);
-  p = vadd(p, vset1(1.0f));
-  return vmul(p, vpow2i(fx));
+  return vadd(p, vset1(1.0f));
+}
+
+// exp(x) = exp_reduced * 2^fx; |rel err| ~ 2 ulp.
+BI_INLINE V16 vexp(V16 x) {
+  x = vmin(vmax(x, vset1(-87.3f)), vset1(88.7f));
+  const V16 magic = vset1(12582912.0f);  // 1.5 * 2^23: adding and subtracting rounds to nearest even
+  V16 fx = vsub(vadd(vmul(x, vset1(1.44269504088896341f)), magic), magic);
+  return vmul(exp_reduced(x, fx), vpow2i(fx));
 }
 
 // vexp where x <= 0 or NaN (a softmax's s - max): no upper clamp, and on AVX-512 the rounding and the power of two
@@ -1474,20 +1478,9 @@ BI_INLINE V16 vexp(V16 x) {
 #if BI_KERNEL_PASS == 1
 BI_INLINE V16 vexp_nonpos(V16 x) {
   x = vmax(x, vset1(-87.3f));
-  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x.v, _mm512_set1_ps(1.44269504088896341f)),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  V16 f = {fx};
-  V16 r = vfma(f, vset1(-0.693359375f), x);
-  r = vfma(f, vset1(2.12194440e-4f), r);
-  V16 p = vset1(1.9875691500e-4f);
-  p = vfma(p, r, vset1(1.3981999507e-3f));
-  p = vfma(p, r, vset1(8.3334519073e-3f));
-  p = vfma(p, r, vset1(4.1665795894e-2f));
-  p = vfma(p, r, vset1(1.6666665459e-1f));
-  p = vfma(p, r, vset1(5.0000001201e-1f));
-  p = vfma(p, vmul(r, r), r);
-  p = vadd(p, vset1(1.0f));
-  return {_mm512_scalef_ps(p.v, fx)};
+  const V16 fx = {_mm512_roundscale_ps(_mm512_mul_ps(x.v, _mm512_set1_ps(1.44269504088896341f)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  return {_mm512_scalef_ps(exp_reduced(x, fx).v, fx.v)};
 }
 #else
 BI_INLINE V16 vexp_nonpos(V16 x) { return vexp(x); }
@@ -3193,8 +3186,8 @@ static void quantize_rows(const LinParams& p, int64_t M, uint8_t* q, float* s) {
       if (k < cl) amax = _mm512_max_ps(amax, _mm512_abs_ps(load(k, tail)));
       const float a = _mm512_reduce_max_ps(amax);
       const float inv = a > 0.0f && std::isfinite(a) ? 127.0f / a : 0.0f;
-      // |x * inv| <= 127 (up to rounding), so cvtps2dq's nearest-even conversion is the rint and the clamp of
-      // the other ISAs' pass, and a NaN lane is the same integer indefinite (code 128) in both
+      // |x * inv| <= 127 (up to rounding), so cvtps2dq's nearest-even conversion is the rint and the clamp the
+      // other ISAs' pass forms with the magic-number shift (a NaN lane: the integer indefinite, stored as 128)
       const __m512 vinv = _mm512_set1_ps(inv);
       const __m128i flip = _mm_set1_epi8((char)0x80);
       for (k = 0; k < cl; k += 16) {
