@@ -1178,24 +1178,23 @@ BI_INLINE void vstore_n(float* p, V16 a, int n) { _mm512_mask_storeu_ps(p, mask1
 BI_INLINE V16 bf_widen(__m256i h) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))}; }
 BI_INLINE V16 vload_bf(const uint16_t* p) { return bf_widen(_mm256_loadu_si256((const __m256i*)p)); }
 BI_INLINE V16 vload_bf_n(const uint16_t* p, int n) { return bf_widen(_mm256_maskz_loadu_epi16(mask16(n), p)); }
-BI_INLINE __m512i bf_round_bits(__m512 x) {  // rounded fp32 bits with the low 16 bits cleared
+// x's bits rounded to nearest even at bit 16 (NaN -> 0x7FC0 above), the low 16 bits left as they fall
+BI_INLINE __m512i bf_round_high(__m512 x) {
   __m512i b = _mm512_castps_si512(x);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
   __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u));
   __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   return _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC00000));
 }
+BI_INLINE __m512i bf_round_bits(__m512 x) {  // rounded fp32 bits with the low 16 bits cleared
+  return _mm512_and_si512(bf_round_high(x), _mm512_set1_epi32((int)0xFFFF0000u));
+}
 BI_INLINE V16 vround_bf(V16 a) { return {_mm512_castsi512_ps(bf_round_bits(a.v))}; }
-// bf_round_bits' high halves, gathered by one word permute; the low halves it clears are dropped anyway
+// the rounded high halves, gathered by one word permute (the low halves are dropped, so never cleared)
 BI_INLINE __m256i bf_narrow(V16 a) {
-  const __m512i b = _mm512_castps_si512(a.v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q), r, _mm512_set1_epi32(0x7FC00000));
   const __m512i odd = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1, 31, 29, 27, 25, 23,
                                        21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd, r));
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi16(odd, bf_round_high(a.v)));
 }
 BI_INLINE void vstore_bf(uint16_t* p, V16 a) { _mm256_storeu_si256((__m256i*)p, bf_narrow(a)); }
 BI_INLINE void vstore_bf_n(uint16_t* p, V16 a, int n) { _mm256_mask_storeu_epi16(p, mask16(n), bf_narrow(a)); }
@@ -2536,13 +2535,12 @@ static void silu_rows_t(const SiluParams& p, int64_t r0, int64_t r1) {
         const uint16_t* gb = (const uint16_t*)p.g + row * p.ldg + c;
         const __m512i gi = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask16(n), gb));
         s.v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_i32gather_epi32(gi, (const void*)table, 2), 16));
-      } else {
-        s = silu(ld_n<BF>(p.g, row * p.ldg + c, n));
-      }
-#else
-      s = silu(ld_n<BF>(p.g, row * p.ldg + c, n));
-      if (BF) s = vround_bf(s);
+      } else
 #endif
+      {
+        s = silu(ld_n<BF>(p.g, row * p.ldg + c, n));
+        if (BF) s = vround_bf(s);
+      }
       st_n<BF>(p.y, row * p.ldy + c, vmul(s, u), n);
     }
   }
