@@ -1569,12 +1569,12 @@ struct alignas(64) AmxConfig {
 };
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8")
-// tiles 0-2 of mr rows, 3/4 of 16 (the weights), 5-7 of mr2 (a second block's sums and x: bf16 k-pairs)
-static void amx_configure(int mr, int mr2 = 1) {
+// tiles 0-2 of mr rows (the sums and x), 3/4 of 16 (the weights)
+static void amx_configure(int mr) {
   AmxConfig c{};
   c.palette = 1;
-  const int rows[8] = {mr, mr, mr, 16, 16, mr2, mr2, mr2};
-  for (int t = 0; t < 8; ++t) {
+  const int rows[5] = {mr, mr, mr, 16, 16};
+  for (int t = 0; t < 5; ++t) {
     c.rows[t] = (uint8_t)rows[t];
     c.colsb[t] = 64;
   }
@@ -2097,42 +2097,25 @@ static void interleave_pairs8(const uint32_t* const* rows, int64_t nq, uint32_t*
 // 16 k-pairs of up to 16 rows per tdpbf16ps, the chunk's k-pairs after its last whole 16 continuing the tile's
 // sums on vdpbf16ps, then the tree. tdpbf16ps rounds its sums in an order of its own (it matches no chain another
 // CPU runs), so a bf16 model's bits here are this path's; each row's result still depends on that row alone (not
-// on the rows beside it, their count, or the threads), which is what DFlash = AR needs. Tiles 0/1 and 5/6 hold
-// the sums of columns 0-15 / 16-31 for the blocks of base + 1 and base rows, 2 and 7 their x, 3/4 the weights.
+// on the rows beside it, their count, or the threads), which is what DFlash = AR needs. Tiles 0/1 hold the sums
+// of columns 0-15 / 16-31, 2 the x rows, 3/4 the weights.
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-bf16,avx512bf16")
-template <bool B>  // B: the tiles of a block of base rows (5-7), else those of base + 1 rows (0-2)
 static void pairs_amx(const uint16_t* x, int64_t ldxb, const uint32_t* w, int64_t nt, float* out) {
   __asm__ volatile("" : : : "memory");  // and the tiles load what the caller has written
-  if constexpr (B) {  // (tile numbers must be literals: GCC's tile intrinsics paste them into the assembly)
-    _tile_zero(5);
-    _tile_zero(6);
-  } else {
-    _tile_zero(0);
-    _tile_zero(1);
-  }
+  _tile_zero(0);
+  _tile_zero(1);
   for (int64_t q = 0; q < nt; q += 16) {
     // tile loads do not start the hardware prefetcher's streams: ask for the next step's 16 pairs (2 KiB)
     for (int l = 0; l < 32; ++l) _mm_prefetch((const char*)(w + (q + 16) * 32 + 16 * l), _MM_HINT_T0);
     _tile_loadd(3, w + q * 32, 128);
     _tile_loadd(4, w + q * 32 + 16, 128);
-    if constexpr (B) {
-      _tile_loadd(7, x + 2 * q, ldxb);
-      _tile_dpbf16ps(5, 7, 3);
-      _tile_dpbf16ps(6, 7, 4);
-    } else {
-      _tile_loadd(2, x + 2 * q, ldxb);
-      _tile_dpbf16ps(0, 2, 3);
-      _tile_dpbf16ps(1, 2, 4);
-    }
+    _tile_loadd(2, x + 2 * q, ldxb);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
   }
-  if constexpr (B) {
-    _tile_stored(5, out, 128);
-    _tile_stored(6, out + 16, 128);
-  } else {
-    _tile_stored(0, out, 128);
-    _tile_stored(1, out + 16, 128);
-  }
+  _tile_stored(0, out, 128);
+  _tile_stored(1, out + 16, 128);
   __asm__ volatile("" : : : "memory");  // GCC's tile intrinsics name no memory: the stores above must be seen
 }
 // the pairs [q0, q1) of mr rows (x at pair 0, rows ldx apart) added to the sums in out ([mr][32]) on vdpbf16ps
@@ -2170,10 +2153,13 @@ static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, in
     xr = hbuf.data();
     ldx = kx;
   }
-  // balanced blocks of <= 16 rows: base + 1 rows on tiles 0-2, base rows on tiles 5-7, one configuration
+  // balanced blocks of <= 16 rows, all on the same tiles, shaped for the largest (a pass that gave blocks of two
+  // sizes tiles of their own, alternating between them, ran markedly slower): the blocks of base rows come
+  // first, so each of them also multiplies the first row of the block after it, a row of x, whose sums nobody
+  // reads; the last `extra` blocks have base + 1 rows
   const int64_t rows = m1 - m0, nb = (rows + 15) / 16;
   const int base = (int)(rows / nb), extra = (int)(rows % nb);
-  amx_configure(base + (extra ? 1 : 0), base);
+  amx_configure(base + (extra ? 1 : 0));
   alignas(64) float part[8][16 * 32];
   const uint32_t* w0 = (const uint32_t*)p.w + p.wk0 / 2 * 32;
   const int64_t pstride = p.K / 2 * 32;
@@ -2181,12 +2167,11 @@ static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, in
     const uint32_t* wg = w0 + g * pstride;
     int64_t r = 0;
     for (int64_t b = 0; b < nb; ++b) {
-      const int mr = base + (b < extra ? 1 : 0);
+      const int mr = base + (b >= nb - extra ? 1 : 0);
       const uint16_t* xb = xr + r * ldx;
       for (int c = 0; c < nch; ++c) {
         const uint32_t* wc = wg + c * nq * 32;
-        if (mr > base) pairs_amx<false>(xb + c * cl, ldx * 2, wc, nt, part[c]);
-        else pairs_amx<true>(xb + c * cl, ldx * 2, wc, nt, part[c]);
+        pairs_amx(xb + c * cl, ldx * 2, wc, nt, part[c]);
         if (nt < nq) pairs_rest(xb + c * cl, ldx, mr, wc, nt, nq, part[c]);
       }
       for (int h = 0; h < 2; ++h) {
