@@ -47,7 +47,7 @@ def test_w8a8_is_the_integer_reference_on_every_isa(isa):
         w[0, :4] = torch.tensor([-1e3, 1e3, 0.0, -0.0])
         pk = bi.pack_linear_w8a8(w)
         assert pk.data.dtype == torch.int32 and pk.nbytes() == n * 0 + pk.data.shape[0] * 32 * (k + 4)  # 1 B/weight
-        for m in (1, 3, 8, 13, 17, 29):
+        for m in (1, 3, 8, 13, 16, 17, 29):  # AMX tiles: 16 rows in one block, 17 and 29 in blocks of two sizes
             x = torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4
             x[0, :3] = torch.tensor([40.0, -40.0, 0.0])  # a row whose maximum is an outlier
             if m > 2:

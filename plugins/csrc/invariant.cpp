@@ -2357,14 +2357,20 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   const int64_t cl = p.chunk_len, nq = cl / 4;
   const int nch = p.nchunks;
   const int64_t pstride = (p.K / 4) * 32;  // int32 per panel
-  const int64_t cs = (int64_t)MRQ * NPQ * 32;
+  const int64_t cs = (int64_t)(BI_KERNEL_PASS == 1 ? 16 : MRQ) * NPQ * 32;  // AMX tiles: up to 16 rows
   thread_local std::vector<int32_t> ib;
   if ((int64_t)ib.size() < nch * cs) ib.resize(nch * cs);
   int32_t* const ibp = ib.data();  // hoisted: a thread_local's address is a call away
   const int32_t* w0 = (const int32_t*)p.w;
   const int64_t rows = m1 - m0;
-  // balanced tiles of <= MRQ rows (32 rows: 11 + 11 + 10, not 12 + 12 + 8)
-  const int64_t nt = (rows + MRQ - 1) / MRQ;
+  // AMX tiles pay from 8 rows (a verify block) on, where a chunk is whole 16-quad steps or several of them (a few
+  // quads past one step cost more on VNNI beside it than the step saves: the greedy head's screen, chunks of 18
+  // quads)
+  const bool amx_chunks = amx && (nq % 16 == 0 || nq >= 64);
+  // balanced tiles of <= MRQ rows (32 rows: 11 + 11 + 10, not 12 + 12 + 8); of <= 16 on AMX tiles where no quads
+  // run on VNNI beside them (its kernels take at most MRQ rows)
+  const int64_t rmax = amx_chunks && nq % 16 == 0 && rows >= 8 ? 16 : MRQ;
+  const int64_t nt = (rows + rmax - 1) / rmax;
   const int base = (int)(rows / nt), extra = (int)(rows % nt);
   const LinqFn fk_base = linq_pick<NPQ>(base), fk_extra = extra ? linq_pick<NPQ>(base + 1) : nullptr;
   const uint8_t* xrows = p.xq + m0 * p.ldq;  // row m0's codes (the VNNI kernel's: flipped, below)
@@ -2398,25 +2404,43 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   thread_local std::vector<int32_t> xcb;
   xrows = p.xsq + m0 * p.ldq;
 #endif
-  if (amx && base >= 8 && (nq % 16 == 0 || nq >= 64)) {
-    // AMX tiles pay from 8 rows (a verify block) on, where a chunk is whole 16-quad steps or several of them (a
-    // few quads past one step cost more on VNNI beside it than the step saves: the greedy head's screen, chunks
-    // of 18 quads); the tile shape is configured per row block, so row blocks run outermost here
-    for (int64_t t = 0, r = m0; t < nt; ++t) {
-      const int mr = base + (t < extra ? 1 : 0);
+  if (amx_chunks && base >= 8) {
+    // every row block runs on a panel before the next panel (which so stays in cache for all of them), on one
+    // tile shape, the largest block's: the blocks of base rows come first, so each of them also multiplies the
+    // first row of the block after it, whose sums nobody reads (as linear_tile_amx_pairs)
+    auto block = [&](int64_t t, int64_t& r, int& mr) {
+      mr = base + (t >= nt - extra ? 1 : 0);
+      r = m0 + t * base + std::max<int64_t>(0, t - (nt - extra));
+    };
 #if BI_KERNEL_PASS == 1
-      amx_configure(mr);  // per row block: other code (oneDNN) may have loaded its own tiles
-      // the correction terms of the quads after the last whole 16-quad step, once per chunk for all panels
-      int32_t tc[8 * MRQ];
-      const int64_t tail = nq % 16, q0 = nq - tail;
-      for (int c = 0; tail && c < nch; ++c)
-        for (int m = 0; m < mr; ++m) tc[c * MRQ + m] = xs_corr(p.xq + (r + m) * p.ldq + c * cl + 4 * q0, 4 * tail);
-      for (int64_t g = pn0; g < pn1; ++g) run(g, r, mr, t < extra ? fk_extra : fk_base, true, tail ? tc : nullptr);
-#else
-      for (int64_t g = pn0; g < pn1; ++g) run(g, r, mr, t < extra ? fk_extra : fk_base, true, nullptr);
-#endif
-      r += mr;
+    amx_configure(base + (extra ? 1 : 0));  // per call: other code (oneDNN) may have loaded its own tiles
+    // the correction terms of the quads after the last whole 16-quad step, once per block and chunk for all
+    // panels ([block][chunk][row])
+    const int64_t tail = nq % 16, q0 = nq - tail;
+    thread_local std::vector<int32_t> tcb;
+    if (tail) {
+      if ((int64_t)tcb.size() < nt * 8 * MRQ) tcb.resize(nt * 8 * MRQ);
+      for (int64_t t = 0; t < nt; ++t) {
+        int64_t r;
+        int mr;
+        block(t, r, mr);
+        for (int c = 0; c < nch; ++c)
+          for (int m = 0; m < mr; ++m)
+            tcb[(t * 8 + c) * MRQ + m] = xs_corr(p.xq + (r + m) * p.ldq + c * cl + 4 * q0, 4 * tail);
+      }
     }
+#endif
+    for (int64_t g = pn0; g < pn1; ++g)
+      for (int64_t t = 0; t < nt; ++t) {
+        int64_t r;
+        int mr;
+        block(t, r, mr);
+#if BI_KERNEL_PASS == 1
+        run(g, r, mr, mr > base ? fk_extra : fk_base, true, tail ? tcb.data() + t * 8 * MRQ : nullptr);
+#else
+        run(g, r, mr, mr > base ? fk_extra : fk_base, true, nullptr);
+#endif
+      }
     return;
   }
 #if BI_KERNEL_PASS == 1
