@@ -308,6 +308,33 @@ def test_a_loaded_batch_drafts_only_past_a_wider_margin():
     assert min(planned(4, 0.64)) > 0 and planned(1, 0.64)[0] > 0
 
 
+def test_a_loaded_batch_trusts_an_estimate_only_as_far_as_it_has_seen():
+    """A fresh request's estimate is mostly the engine-wide prior: 16 of them at p = 0.9 with no history of their
+    own do not draft (priced at the estimate's lower bound), while the same p after a long history does, and at 4
+    requests (a step whose rows are nearly free) the prior alone still drafts."""
+    from dflash_trt.sequence import Sequence
+    from dflash_trt.spec.config import SpecConfig
+    from dflash_trt.spec.policy import SpecPolicy, trusted_p
+
+    def planned(batch, p, weight):
+        pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16)
+        seqs = []
+        for _ in range(batch):
+            seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
+            pol.new_request(seq)
+            seq.acceptance = AcceptanceEstimate(prior_p=p, prior_weight=weight)
+            seqs.append(seq)
+        k = pol.begin_iteration(batch)
+        pol.plan(seqs, k, 4096)
+        return [pol.draft_len(s, k, batch, 4096) for s in seqs]
+
+    assert planned(16, 0.9, 2.0) == [0] * 16
+    assert min(planned(16, 0.9, 50.0)) > 0
+    assert min(planned(4, 0.9, 2.0)) > 0
+    est = AcceptanceEstimate(prior_p=0.9, prior_weight=2.0)
+    assert trusted_p(est, 1) == est.p > trusted_p(est, 4) > trusted_p(est, 16) == est.p_low == trusted_p(est, 32)
+
+
 def test_a_batch_where_no_k_pays_prices_no_request():
     """Where no K pays at the batch size even if every draft were accepted, the iteration's K is 0 before any
     request is priced (a loaded batch costs the policy nothing per request, and no request counts the iteration

@@ -127,6 +127,21 @@ def margin_for(batch: int) -> float:
     return MARGIN + MARGIN_PER_REQUEST * max(batch - 1, 0)
 
 
+# the batch size from which a batch prices each request at its estimate's lower bound (one standard error below)
+# rather than at the estimate (between: the part of the way there its size has come). A loaded batch drafts for
+# all its requests in one step, whose rows sit past the turn where they cost their compute, so a wrong guess costs
+# it the most; and a request with little history of its own carries mostly the engine-wide prior, learned at
+# other loads on other text: priced at that alone, a fresh batch of 16 drafted in bursts that ran slower than
+# plain decoding (docs/cpu_performance.md, "Session 32")
+TRUST_BATCH = 16
+
+
+def trusted_p(est: "AcceptanceEstimate", batch: int) -> float:
+    """The acceptance a batch of `batch` requests prices a request at: its estimate, less a share of the
+    estimate's standard error that grows with the batch (all of it from TRUST_BATCH requests on)."""
+    return est.lower(min(1.0, max(batch - 1, 0) / (TRUST_BATCH - 1)))
+
+
 def draft_rate(p: float, k: int, batch: int, costs: StepCosts) -> float:
     """Committed tokens per request per unit time when `batch` requests each draft K (> 0) at acceptance p."""
     return expected_tokens(p, k) / (costs.target(batch * (k + 1)) + costs.drafter(batch, k))
@@ -206,8 +221,12 @@ class AcceptanceEstimate:
     def p_low(self) -> float:
         """p less one standard error of it (the decayed counts as the sample): what the estimate can be trusted
         to, given how much it has seen."""
+        return self.lower(1.0)
+
+    def lower(self, z: float) -> float:
+        """p less z standard errors of it."""
         p, n = self.p, self.succ + self.fail
-        return max(0.0, p - (p * (1.0 - p) / n) ** 0.5) if n > 0 else 0.0
+        return max(0.0, p - z * (p * (1.0 - p) / n) ** 0.5) if n > 0 else 0.0
 
 
 class DraftLengthPolicy:
@@ -380,20 +399,20 @@ class SpecPolicy:
 
     def plan(self, decoding: list, k: int, max_seq_len: int) -> None:
         """One K for every request of a batch of two or more that may draft, priced together over their estimates
-        (`batch_draft_len`), in place of each request's own pricing. Priced alone, each request pays for the
-        drafter pass as if it were the pass's only reason to run, and where acceptance sits near the break-even
-        the estimates scatter to either side of it: some requests stop drafting, the pass runs for the others
-        anyway, and the batch commits less than it would at any one K. Priced together, the pass's cost is
-        shared and the estimates' noise averages out. Where every estimate is at or below the break-even of
-        equal estimates, no K pays for the batch either (its tokens grow with each estimate), so the quiet
-        iteration's shortcut stays exact."""
+        (`batch_draft_len`, each at `trusted_p`), in place of each request's own pricing. Priced alone, each
+        request pays for the drafter pass as if it were the pass's only reason to run, and where acceptance sits
+        near the break-even the estimates scatter to either side of it: some requests stop drafting, the pass
+        runs for the others anyway, and the batch commits less than it would at any one K. Priced together, the
+        pass's cost is shared and the estimates' noise averages out. Where every estimate is at or below the
+        break-even of equal estimates, no K pays for the batch either (its tokens grow with each estimate, and
+        trusted_p is never above it), so the quiet iteration's shortcut stays exact."""
         if not self.adaptive or len(decoding) < 2:
             return
         able, others = [], 0
         for seq in decoding:
             cap = self._cap(seq, k, max_seq_len) if seq.spec_enabled and seq.acceptance is not None else 0
             if cap > 0:
-                able.append((seq.acceptance.p, cap))
+                able.append((trusted_p(seq.acceptance, len(decoding)), cap))
             else:
                 others += 1
         if able:
