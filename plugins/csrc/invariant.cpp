@@ -2153,10 +2153,10 @@ static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, in
     xr = hbuf.data();
     ldx = kx;
   }
-  // balanced blocks of <= 16 rows, all on the same tiles, shaped for the largest (a pass that gave blocks of two
-  // sizes tiles of their own, alternating between them, ran markedly slower): the blocks of base rows come
-  // first, so each of them also multiplies the first row of the block after it, a row of x, whose sums nobody
-  // reads; the last `extra` blocks have base + 1 rows
+  // balanced blocks of <= 16 rows, all on the same tiles, shaped for the largest (blocks of two sizes on tiles of
+  // their own, alternating between them, run markedly slower): the blocks of base rows come first, so each of
+  // them also multiplies the first row of the block after it, a row of x, whose sums nobody reads; the last
+  // `extra` blocks have base + 1 rows
   const int64_t rows = m1 - m0, nb = (rows + 15) / 16;
   const int base = (int)(rows / nb), extra = (int)(rows % nb);
   amx_configure(base + (extra ? 1 : 0));
