@@ -187,10 +187,9 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     # a tiny target pass costs about what a tiny drafter pass does: drafting is far from free here, unlike the
     # CPU defaults for a real model (a tiny pass's row figures are mostly timer noise: only their signs are sure)
     assert c.row >= 0 and c.drafter(1) > 0.1 and c.draft_row >= 0, c
-    # the curves' points: target passes over 1 decode row, one verify block of K + 1 = 4 rows, 16 decode rows, 16
-    # requests with a row more and 8 requests' verify blocks, drafter passes for 1, 4 and 16 requests, costs never
-    # falling
-    assert [n for n, _ in c.curve] == [1, 4, 8, 12, 16, 17, 32] and [n for n, _ in c.draft_curve] == [1, 4, 16], c
+    # the curves' points: target passes over 1 decode row, one verify block of K + 1 = 4 rows, 16 decode rows and
+    # 8 requests' verify blocks, drafter passes for 1, 4 and 16 requests, costs never falling
+    assert [n for n, _ in c.curve] == [1, 4, 8, 12, 16, 32] and [n for n, _ in c.draft_curve] == [1, 4, 16], c
     assert c.curve[0][1] >= 1 and all(a[1] <= b[1] for a, b in zip(c.curve, c.curve[1:])), c
     assert c.target(1) == pytest.approx(c.curve[0][1]) and c.drafter(16) == pytest.approx(c.draft_curve[-1][1])
     assert eng.blocks.num_free == eng.blocks.num_blocks
@@ -334,26 +333,6 @@ def test_a_loaded_batch_trusts_an_estimate_only_as_far_as_it_has_seen():
     assert min(planned(4, 0.9, 2.0)) > 0
     est = AcceptanceEstimate(prior_p=0.9, prior_weight=2.0)
     assert trusted_p(est, 1) == est.p > trusted_p(est, 4) > trusted_p(est, 16) == est.p_low == trusted_p(est, 32)
-
-
-# the embedded pair's bf16 start-up costs on a CPU with AMX, the point past 16 rows included (the second row
-# block costs most of what it ever will from its first row): benchmarks/results/2026-12-06-session32
-BF16_AMX = StepCosts(row=0.034, draft=0.217, draft_row=0.025,
-                     curve=((1, 1.03), (4, 1.10), (8, 1.21), (12, 1.32), (16, 1.54), (17, 1.84), (32, 2.09)),
-                     draft_curve=((1, 0.24), (4, 0.28), (16, 0.62)), draft_rows=4)
-
-
-def test_the_row_past_a_tile_of_16_prices_the_step():
-    """4 requests drafting K = 3 fill one tile of 16 rows; K = 4 starts a second one. With the step measured, the
-    policy stays at K = 3, or takes the whole second tile (K = 7) where acceptance pays for it; a line from 16
-    rows straight to 32 prices 20 rows as nearly free and picks K = 4 or 5."""
-    from dflash_trt.spec.policy import margin_for
-
-    line = StepCosts(row=BF16_AMX.row, draft=BF16_AMX.draft, draft_row=BF16_AMX.draft_row,
-                     curve=tuple(pt for pt in BF16_AMX.curve if pt[0] != 17), draft_curve=BF16_AMX.draft_curve,
-                     draft_rows=4)
-    assert [best_draft_len(p, 7, 4, BF16_AMX, margin_for(4)) for p in (0.7, 0.75, 0.8)] == [3, 3, 7]
-    assert [best_draft_len(p, 7, 4, line, margin_for(4)) for p in (0.7, 0.75, 0.8)] == [4, 4, 5]
 
 
 def test_a_batch_where_no_k_pays_prices_no_request():

@@ -11,13 +11,11 @@ together and their ratios little, where the fastest try of each point apart mixe
 20-50% from one engine start to the next:
 
     target pass: 1 request decoding (1 row), 1 request verifying K and 2K+1 drafts (K+1 and 2 (K+1) rows),
-                 4 requests verifying K-1 drafts each (4 K rows), 16 requests decoding (16 rows), the same with
-                 one of them verifying a draft (17 rows), and 8 requests verifying K drafts each (8 (K+1) rows:
-                 what a loaded batch verifies, query blocks and all; beyond it the curve goes on with that last
-                 slope). The kernels' row tiles keep a pass's cost nearly flat up to some rows and then step it
-                 up, so a line from K+1 rows straight to 16 misprices every batch in between (a few requests
-                 verifying a short K most), and one from 16 straight to 32 the rows just past a tile of 16 (AMX:
-                 the second row block costs most of what it ever will from its first row)
+                 4 requests verifying K-1 drafts each (4 K rows), 16 requests decoding (16 rows), and 8
+                 requests verifying K drafts each (8 (K+1) rows: what a loaded batch verifies, query blocks
+                 and all; beyond it the curve goes on with that last slope). The kernels' row tiles keep a
+                 pass's cost nearly flat up to some rows and then step it up, so a line from K+1 rows straight
+                 to 16 misprices every batch in between (a few requests verifying a short K most)
     drafter pass: for 1, 4 and 16 requests (each including writing the K+1 context rows its last step committed;
                   with a trimming proposer, K+1 block rows each, and the curve is read in those units)
 
@@ -104,10 +102,6 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     def verify_short(group):  # a few requests' shorter blocks
         verify(group, k - 1)
 
-    def wide_past(group):  # the wide batch with one row more: one request verifying a draft
-        runner.run([Scheduled(s, 1, 0, False) for s in group[:-1]] + [Scheduled(group[-1], 2, 1, False)],
-                   {group[-1].seq_id: [token_id]})
-
     def draft(group):  # what a drafting request adds to a step: its last K+1 rows' context, then the drafter
         for s in group:
             pos = torch.arange(CONTEXT - k - 1, CONTEXT)
@@ -123,8 +117,7 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
     # a pass's cost follows its requests as well as its rows (each has its own attention and bookkeeping), so
     # each point is measured as the policy uses it: one request verifying K drafts is the batch-of-one choice
     runs = {"one": (decode, 1, 1), "block": (verify, 1, k + 1), "long": (verify_long, 1, 2 * (k + 1)),
-            "few": (verify_short, MID, MID * k), "wide": (decode, N, N), "past": (wide_past, N, N + 1),
-            "verify": (verify, VERIFY, VERIFY * (k + 1))}
+            "few": (verify_short, MID, MID * k), "wide": (decode, N, N), "verify": (verify, VERIFY, VERIFY * (k + 1))}
     if proposer.pass_cost:  # drafter passes: no target rows
         runs.update(d_one=(draft, 1, 0), d_mid=(draft, MID, 0), d_wide=(draft, N, 0))
     try:

@@ -2,9 +2,9 @@
 # drafting iterations (how many, at which batch sizes, probes)
 import os
 import sys, collections, torch
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(2)
-from batching import ClosedLoop, PROMPTS
+from side_by_side import line, run_level
 from dflash_trt import LLM
 from dflash_trt.embedded import embedded_paths
 dt = sys.argv[1]; concs = [int(c) for c in sys.argv[2].split(",")]
@@ -22,11 +22,5 @@ def prop(drafting, *a, **k):
 eng.proposer.propose = prop
 for cc in concs:
     log.clear()
-    ps = (PROMPTS * cc)[:max(cc, 32)]
-    L = {n: ClosedLoop(l, ps, cc, 64) for n, l in E.items()}
-    while any(lp.busy for lp in L.values()):
-        for lp in L.values():
-            if lp.busy: lp.step()
-    f = {n: lp.figures() for n, lp in L.items()}
-    print(f"c={cc} " + " ".join(f"{n} {f[n][0]:.1f} ({f[n][0]/f['AR'][0]:.3f}x tau {f[n][2]:.2f})" for n in E), flush=True)
+    print(line(cc, run_level(E, cc)), flush=True)
     print("  drafting iterations (running, drafting requests, drafts): count", sorted(log.items()), flush=True)

@@ -1,9 +1,10 @@
+# (run at 6620ee5, whose calibration has the 17-row point; the point was reverted after these runs: c4_step.txt)
 # python c4_step.py CONCS: AR, AR2, DFlash as calibrated (the 17-row point), DFlash with that point dropped (a line
 # from 16 rows to 32), side by side; each DFlash engine's drafting iterations by total drafts
 import os, sys, collections, torch
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(2)
-from batching import ClosedLoop, PROMPTS
+from side_by_side import line, run_level
 from dflash_trt import LLM
 from dflash_trt.embedded import embedded_paths
 concs = [int(c) for c in sys.argv[1].split(",")]
@@ -25,12 +26,6 @@ for n in ("stair", "line"):
     logs[n] = log
 for cc in concs:
     for l in logs.values(): l.clear()
-    ps = (PROMPTS * cc)[:max(cc, 32)]
-    L = {n: ClosedLoop(l, ps, cc, 64) for n, l in E.items()}
-    while any(lp.busy for lp in L.values()):
-        for lp in L.values():
-            if lp.busy: lp.step()
-    f = {n: lp.figures() for n, lp in L.items()}
-    print(f"c={cc} " + " ".join(f"{n} {f[n][0]:.1f} ({f[n][0]/f['AR'][0]:.3f}x tau {f[n][2]:.2f})" for n in E), flush=True)
+    print(line(cc, run_level(E, cc)), flush=True)
     for n, l in logs.items():
         print(f"  {n} drafting iterations by drafts: {sorted(l.items())}", flush=True)
