@@ -1485,6 +1485,15 @@ BI_INLINE V16 vexp_nonpos(V16 x) {
 BI_INLINE V16 vexp_nonpos(V16 x) { return vexp(x); }
 #endif
 
+// Row block t of nt balanced blocks of rows = nt * base + extra: the blocks of base rows first, the last `extra`
+// of base + 1. The AMX passes shape their tiles for the largest block, so each smaller one also multiplies the
+// first row of the block after it (sums nobody reads); with the larger blocks last, no tile reads past the rows.
+// Returns the block's rows; r: its first row, counted from the first block's.
+BI_INLINE int row_block(int64_t t, int64_t nt, int base, int extra, int64_t& r) {
+  r = t * base + std::max<int64_t>(0, t - (nt - extra));
+  return base + (t >= nt - extra ? 1 : 0);
+}
+
 // ---- W8A8 integer dot products ------------------------------------------------------------------------
 // linq_kernel: the exact int32 sums of one chunk, out[(m * NP + j) * 32 + col] = sum_k (xq[m][k] - 128) * w[k]
 // for MR rows and NP panels; xq: row 0 at the chunk's first column (rows ldq apart); w: panel 0 at the chunk's
@@ -2153,10 +2162,8 @@ static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, in
     xr = hbuf.data();
     ldx = kx;
   }
-  // balanced blocks of <= 16 rows, all on the same tiles, shaped for the largest (blocks of two sizes on tiles of
-  // their own, alternating between them, run markedly slower): the blocks of base rows come first, so each of
-  // them also multiplies the first row of the block after it, a row of x, whose sums nobody reads; the last
-  // `extra` blocks have base + 1 rows
+  // balanced blocks of <= 16 rows (row_block), all on the same tiles, shaped for the largest (blocks of two sizes
+  // on tiles of their own, alternating between them, run markedly slower)
   const int64_t rows = m1 - m0, nb = (rows + 15) / 16;
   const int base = (int)(rows / nb), extra = (int)(rows % nb);
   amx_configure(base + (extra ? 1 : 0));
@@ -2165,9 +2172,9 @@ static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, in
   const int64_t pstride = p.K / 2 * 32;
   for (int64_t g = pn0; g < pn1; ++g) {
     const uint32_t* wg = w0 + g * pstride;
-    int64_t r = 0;
     for (int64_t b = 0; b < nb; ++b) {
-      const int mr = base + (b >= nb - extra ? 1 : 0);
+      int64_t r;
+      const int mr = row_block(b, nb, base, extra, r);
       const uint16_t* xb = xr + r * ldx;
       for (int c = 0; c < nch; ++c) {
         const uint32_t* wc = wg + c * nq * 32;
@@ -2185,7 +2192,6 @@ static void linear_tile_amx_pairs(const LinParams& p, int64_t m0, int64_t m1, in
           tree_store(p, t, nch, bias, m0 + r + m, col, nv);
         }
       }
-      r += mr;
     }
   }
 }
@@ -2405,13 +2411,8 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
   xrows = p.xsq + m0 * p.ldq;
 #endif
   if (amx_chunks && base >= 8) {
-    // every row block runs on a panel before the next panel (which so stays in cache for all of them), on one
-    // tile shape, the largest block's: the blocks of base rows come first, so each of them also multiplies the
-    // first row of the block after it, whose sums nobody reads (as linear_tile_amx_pairs)
-    auto block = [&](int64_t t, int64_t& r, int& mr) {
-      mr = base + (t >= nt - extra ? 1 : 0);
-      r = m0 + t * base + std::max<int64_t>(0, t - (nt - extra));
-    };
+    // every row block (row_block) runs on a panel before the next panel (which so stays in cache for all of
+    // them), on one tile shape, the largest block's
 #if BI_KERNEL_PASS == 1
     amx_configure(base + (extra ? 1 : 0));  // per call: other code (oneDNN) may have loaded its own tiles
     // the correction terms of the quads after the last whole 16-quad step, once per block and chunk for all
@@ -2422,23 +2423,21 @@ static void linear_tile_q(const LinParams& p, int64_t m0, int64_t m1, int64_t pn
       if ((int64_t)tcb.size() < nt * 8 * MRQ) tcb.resize(nt * 8 * MRQ);
       for (int64_t t = 0; t < nt; ++t) {
         int64_t r;
-        int mr;
-        block(t, r, mr);
+        const int mr = row_block(t, nt, base, extra, r);
         for (int c = 0; c < nch; ++c)
           for (int m = 0; m < mr; ++m)
-            tcb[(t * 8 + c) * MRQ + m] = xs_corr(p.xq + (r + m) * p.ldq + c * cl + 4 * q0, 4 * tail);
+            tcb[(t * 8 + c) * MRQ + m] = xs_corr(p.xq + (m0 + r + m) * p.ldq + c * cl + 4 * q0, 4 * tail);
       }
     }
 #endif
     for (int64_t g = pn0; g < pn1; ++g)
       for (int64_t t = 0; t < nt; ++t) {
         int64_t r;
-        int mr;
-        block(t, r, mr);
+        const int mr = row_block(t, nt, base, extra, r);
 #if BI_KERNEL_PASS == 1
-        run(g, r, mr, mr > base ? fk_extra : fk_base, true, tail ? tcb.data() + t * 8 * MRQ : nullptr);
+        run(g, m0 + r, mr, mr > base ? fk_extra : fk_base, true, tail ? tcb.data() + t * 8 * MRQ : nullptr);
 #else
-        run(g, r, mr, mr > base ? fk_extra : fk_base, true, nullptr);
+        run(g, m0 + r, mr, mr > base ? fk_extra : fk_base, true, nullptr);
 #endif
       }
     return;
