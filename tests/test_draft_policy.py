@@ -200,6 +200,28 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
     assert measure_step_costs(eng.runner, eng.proposer, CacheBlocks(BlockManager(2, eng.blocks.block_size)), 0) is None
 
 
+def test_calibration_times_passes_as_the_engine_runs_them_with_the_greedy_screen_armed(tmp_path, monkeypatch):
+    """The target's greedy head screen arms on the first rows the head sees and then serves every pass of a few
+    rows; the calibration arms it before its timed rounds, so no timed pass carries the whole head where serving
+    would not (on the embedded pair in fp32 that made twelve rows look 7-10% cheaper beside four)."""
+    from dflash_trt.spec import calibrate as cal
+
+    t = tiny.make_target(str(tmp_path / "t"))
+    d = tiny.make_drafter(str(tmp_path / "d"), t, block_size=8)
+    eng = LLM(target=t, draft=d, draft_len_policy="fixed").engine  # fixed: nothing measured at start
+    screen = eng.target.prepare_greedy_head()
+    assert screen is not None and not screen.armed
+    armed_at_rounds, rounds = [], cal._timed_rounds
+
+    def timed_rounds(*a, **k):
+        armed_at_rounds.append(screen.armed)
+        return rounds(*a, **k)
+
+    monkeypatch.setattr(cal, "_timed_rounds", timed_rounds)
+    assert cal.measure_step_costs(eng.runner, eng.proposer, eng.blocks, 0) is not None
+    assert armed_at_rounds == [True]
+
+
 def test_calibration_takes_each_rounds_own_ratios_so_a_spell_of_the_machine_moves_nothing():
     """The costs are each round's ratios, their median over rounds: a round that met a busy machine (every run
     slower) and one in which a single run met a fast spell leave the figures where the steady rounds put them."""
