@@ -1,4 +1,5 @@
-# python propose_ops.py DTYPE C [N]: what the drafter's propose spends its time on, adaptive DFlash at C requests:
+# python propose_ops.py DTYPE C [N] [k1]: what the drafter's propose spends its time on, adaptive DFlash (k1: fixed
+# K = 1) at C requests:
 # self time by op under PROPOSE (ms per propose), and the Python left over (PROPOSE's own self time)
 import os, sys, collections, torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -7,9 +8,10 @@ from batching import ClosedLoop, PROMPTS
 from dflash_trt import LLM
 from dflash_trt.embedded import embedded_paths
 from torch.profiler import profile, ProfilerActivity, record_function
-dt, C = sys.argv[1], int(sys.argv[2]); N = int(sys.argv[3]) if len(sys.argv) > 3 else 40
+dt, C = sys.argv[1], int(sys.argv[2]); N = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3].isdigit() else 40
 t, d = embedded_paths()
-llm = LLM(draft=d, target=t, max_batch_size=32, dtype=dt)
+fixed = dict(draft_len_policy="fixed", max_draft_len=1) if sys.argv[-1] == "k1" else {}
+llm = LLM(draft=d, target=t, max_batch_size=32, dtype=dt, **fixed)
 e = llm.engine
 op = e.proposer.propose
 def prop(*a, **k):
