@@ -32,6 +32,7 @@ from statistics import median
 
 import torch
 
+from ..greedy_head import ARM_ROWS
 from ..sampling import SamplingParams
 from ..scheduler import Scheduled
 from ..sequence import Sequence
@@ -40,7 +41,6 @@ CONTEXT = 48  # cached positions of each scratch request (attention cost of a sh
 N = 16  # requests of the wide measurements (more rows: a difference well above the noise)
 MID = 4  # requests of the middle points (a drafter pass; a target pass verifying K-1 drafts each)
 VERIFY = 8  # requests of the verify point: past the CPU's turn to compute-bound, and half the start time of 16
-ARM_PASSES = 16  # most passes of 2 (K + 1) rows run to arm the greedy head screen (it arms after 64 rows)
 
 
 def _timed_rounds(runs: dict, tries: int) -> list[dict]:
@@ -64,15 +64,15 @@ def _run(fn, seqs) -> None:
     fn(seqs)
 
 
-def _arm_screen(target, run) -> None:
-    """Runs `run` (a pass of a few greedy rows) until the target's greedy head screen is armed, where it has one.
+def _arm_screen(target, run, rows: int) -> None:
+    """Runs `run` (a pass of `rows` greedy rows) until the target's greedy head screen is armed, where it has one.
     The screen arms on the first rows the head sees (runtime/greedy_head.py) and from then on reads the head for
     every pass of a few rows, at a fraction of its cost: measured unarmed, those passes carry the whole head, and
     every wider pass, which always reads it whole, looks cheap beside them (at four requests, a verify of twelve
     rows against their plain step)."""
     prepare = getattr(target, "prepare_greedy_head", None)
     screen = prepare() if prepare is not None else None
-    for _ in range(ARM_PASSES):
+    for _ in range(-(-ARM_ROWS // rows)):  # the rows it arms after, if it sees all of them
         if screen is None or screen.armed:
             return
         run()
@@ -151,7 +151,7 @@ def measure_step_costs(runner, proposer, blocks, token_id: int, k: int = 3, trie
                 return None
             blocks.grow(s, CONTEXT + 2 * (k + 1))
             seqs.append(s)
-        _arm_screen(runner.target, lambda: _run(verify_long, seqs[:1]))
+        _arm_screen(runner.target, lambda: _run(verify_long, seqs[:1]), 2 * (k + 1))
         rounds = _timed_rounds({name: (fn, seqs[:n]) for name, (fn, n, _) in runs.items()}, tries)
     finally:
         for s in seqs:
