@@ -378,6 +378,38 @@ def test_a_batch_where_no_k_pays_prices_no_request():
     assert pol.draft_len(seq, pol.begin_iteration(32), 32, 4096) == 0 and seq.acceptance.idle == idle + 1
 
 
+def test_a_batch_that_trusts_no_estimate_enough_to_draft_is_quiet():
+    """Fresh requests at p = 0.9 in a batch of 16 do not draft (plan prices them at their estimates' lower bound),
+    though each estimate is above the break-even: the iteration is quiet, so no request is priced one by one, and
+    each K and idle count comes out as plan and draft_len make them; the same requests after a long history, or
+    alone, are not quiet."""
+    from dflash_trt.sequence import Sequence
+    from dflash_trt.spec.config import SpecConfig
+    from dflash_trt.spec.policy import SpecPolicy
+
+    def batch(n, weight):
+        pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16)
+        seqs = []
+        for _ in range(n):
+            seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
+            pol.new_request(seq)
+            seq.acceptance = AcceptanceEstimate(prior_p=0.9, prior_weight=weight)
+            seqs.append(seq)
+        pol.begin_iteration(n)  # iteration 1: no probe falls on the next
+        return pol, seqs, pol.begin_iteration(n)
+
+    pol, seqs, k = batch(16, 2.0)
+    assert k > 0 and all(s.acceptance.p > pol.lengths.floor(k, 16) for s in seqs)
+    assert pol.quiet_iteration(seqs, k, 4096) and [s.acceptance.idle for s in seqs] == [1] * 16
+    pol, seqs, k = batch(16, 2.0)
+    pol.plan(seqs, k, 4096)  # what pricing them would have made of the iteration
+    assert [pol.draft_len(s, k, 16, 4096) for s in seqs] == [0] * 16 and [s.acceptance.idle for s in seqs] == [1] * 16
+    pol, seqs, k = batch(16, 50.0)
+    assert not pol.quiet_iteration(seqs, k, 4096)
+    pol, seqs, k = batch(1, 2.0)
+    assert not pol.quiet_iteration(seqs, k, 4096)
+
+
 def test_a_quiet_iteration_counts_and_chooses_as_pricing_every_request_would():
     """The scheduler skips pricing requests one by one on an iteration where none can draft
     (SpecPolicy.quiet_iteration): every request's K, idle count and probe wait come out as if each had been priced."""

@@ -154,8 +154,14 @@ def pays(p: float, k: int, batch: int, costs: StepCosts, margin: float = 0.0) ->
 
 def best_draft_len(p: float, k_max: int, batch: int, costs: StepCosts, margin: float = 0.0) -> int:
     """The K in 0..k_max with the most tokens per unit time when `batch` requests at acceptance p decode together
-    (K > 0 only when it beats autoregressive decoding by `margin`): batch_draft_len at equal estimates."""
-    return batch_draft_len([p] * batch, [k_max] * batch, 0, k_max, costs, margin)
+    (K > 0 only when it beats autoregressive decoding by `margin`): batch_draft_len at equal estimates, priced once
+    per K instead of once per request and K (the break-even bisection calls it some thirty times)."""
+    best_k, best = 0, batch * (1.0 + margin) / costs.target(batch)
+    for k in range(1, k_max + 1):
+        rate = batch * expected_tokens(p, k) / (costs.target(batch * (k + 1)) + costs.drafter(batch, k))
+        if rate > best * (1.0 + 1e-9):
+            best_k, best = k, rate
+    return best_k
 
 
 # the drafter probability below which a draft (past the first) is not worth its verify row on a CPU: chosen on
@@ -377,19 +383,21 @@ class SpecPolicy:
         return k if k and self.lengths.pays_at_all(k, num_decoding) else 0
 
     def quiet_iteration(self, decoding: list, k: int, max_seq_len: int) -> bool:
-        """Whether no request drafts this iteration whatever its turn: no probe falls on it and every estimate is
-        at or below the acceptance at which no K <= k pays at this batch size. Each request's step is then
+        """Whether no request drafts this iteration whatever its turn: no probe falls on it and every estimate, at
+        the acceptance the batch prices it at (`trusted_p`: `plan` for two or more, the estimate itself for one),
+        is at or below the acceptance at which no K <= k pays at this batch size. Each request's step is then
         counted as `draft_len` would count it (an idle step where it could have drafted), with no request priced
         one by one: at a loaded batch that pricing cost about as much as the rest of the scheduling."""
         lengths = self.lengths
         if not self.adaptive or lengths.iteration % lengths.probe_every == 0:
             return False
-        floor, idle = lengths.floor(k, len(decoding)), []
+        batch = len(decoding)
+        floor, idle = lengths.floor(k, batch), []
         for seq in decoding:
             est = seq.acceptance
             if est is None or not seq.spec_enabled:
                 continue
-            if est.p > floor:
+            if trusted_p(est, batch) > floor:
                 return False
             if self._cap(seq, k, max_seq_len) > 0:
                 idle.append(est)
