@@ -37,8 +37,10 @@ CHUNKS = 8  # K chunks of the screen's per-row x scales (finer chunks: smaller s
 OUTLIERS = 16  # dimensions multiplied in fp32 beside the codes
 ARM_ROWS = 64  # rows seen (through the full head) before the outlier dimensions are chosen
 MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
-# rows per call up to which the screen is used: past them the W8A8 pass and the bounds cost what the full head does
-# (docs/cpu_performance.md)
+# rows per call up to which a bf16 k-pair head is screened: past them the W8A8 pass and the bounds cost what its full
+# head does (bf16 products, at twice the fp32 multiply-adds). Heads multiplied with fp32 FMAs (fp32 and widened bf16
+# panels) are screened at any number of rows: their full head is compute-bound from a few rows on, at a fraction of
+# the W8A8 pass's rate (docs/cpu_performance.md, "Session 34")
 SCREEN_ROWS = 8
 
 
@@ -56,7 +58,7 @@ class GreedyHead:
         kind = packed.data.dtype
         self.packed = packed
         self.pairs = kind == torch.int16  # bf16 k-pair panels: the kernel rounds x to bf16
-        self.max_rows = SCREEN_ROWS
+        self.max_rows = SCREEN_ROWS if self.pairs else None  # None: any
         # the engine's head, row-major, not copied: the candidates' exact logits are packed from its rows (bf16
         # panels hold its values rounded to bf16, as the kernel's packing rounds them)
         self.values = torch.bfloat16 if kind != torch.float32 else torch.float32  # what the panels hold
@@ -80,6 +82,10 @@ class GreedyHead:
         self.seen = torch.zeros(self.K, dtype=torch.float64)
         self.rows_seen = 0
         self.armed = False
+
+    def takes(self, rows: int) -> bool:
+        """Whether a call of `rows` rows is screened (else the full head pays)."""
+        return self.max_rows is None or rows <= self.max_rows
 
     def observe(self, x: torch.Tensor) -> None:
         """Rows that went through the full head: their |x| choose the outlier dimensions, then the screen arms."""

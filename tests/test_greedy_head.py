@@ -44,7 +44,7 @@ def test_screened_tokens_are_the_full_heads_argmax(invariant_kernels, smollm_row
     gh = _armed(w, packed, x)
     full = bi.linear(x, packed).float().argmax(1)
     screened = 0
-    for m in (1, 3, 4, 8):  # 8: a verify block's rows, candidates from every row in one set of panels
+    for m in (1, 3, 4, 8, 40):  # 8, 40: verify blocks' rows, candidates from every row in one set of panels
         for i in range(ARM_ROWS, x.shape[0] - m, m):
             got = gh.tokens(x[i:i + m])
             if got is not None:
@@ -210,3 +210,24 @@ def test_greedy_tokens_are_the_logits_argmax_past_the_screen(tmp_path, dtype, we
             h[2, 3] = float("nan")
         got = target.greedy_tokens(h)
         assert got is not None and torch.equal(got, target.logits(h).argmax(-1)), (dtype, weights, m)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_heads_multiplied_with_fp32_fmas_are_screened_at_any_rows(tmp_path, dtype):
+    """An fp32 head's full pass is compute-bound from a few rows on, so its screen takes every call (a loaded batch's
+    verify rows included); a bf16 k-pair head's only a few rows. Either way the tokens are the logits' argmax."""
+    t = tiny.make_target(str(tmp_path / "t"), hidden=128, vocab=512)
+    target = LLM(target=t, speculative=False, dtype=dtype).engine.target
+    g = torch.Generator().manual_seed(3)
+    gh = target.prepare_greedy_head()
+    gh.observe((torch.randn(ARM_ROWS, 128, generator=g) * 2).to(getattr(torch, dtype)))
+    assert gh.armed
+    calls = []
+    screen = gh.tokens
+    gh.tokens = lambda x: calls.append(x.shape[0]) or screen(x)
+    for m in (1, 8, 9, 33):
+        h = (torch.randn(m, 128, generator=g) * 2).to(getattr(torch, dtype))
+        got = target.greedy_tokens(h)
+        assert got is not None and torch.equal(got, target.logits(h).argmax(-1)), (dtype, m)
+    pairs = target.head_packed.data.dtype == torch.int16
+    assert calls == ([1, 8] if pairs else [1, 8, 9, 33]), (dtype, target.head_packed.data.dtype)

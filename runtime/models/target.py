@@ -338,13 +338,13 @@ class TargetModel(nn.Module):
 
     def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax token, exactly `logits(hidden).argmax(-1)`: from the screened head
-        (runtime/greedy_head.py) where it pays (a few rows; rows it declines teach it its outlier dimensions),
+        (runtime/greedy_head.py) where it pays (GreedyHead.takes; rows it declines teach it its outlier dimensions),
         else from the packed head with the argmax in the same op. None: compute the logits (no batch-invariant
         kernels or panels, tensor parallelism, a family's own logits)."""
         if not ops._use_bi(hidden):
             return None
         gh = self.prepare_greedy_head()
-        if gh is not None and hidden.shape[0] <= gh.max_rows:
+        if gh is not None and gh.takes(hidden.shape[0]):
             ids = gh.tokens(hidden)
             if ids is not None:
                 return ids

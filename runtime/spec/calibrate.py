@@ -67,9 +67,9 @@ def _run(fn, seqs) -> None:
 def _arm_screen(target, run, rows: int) -> None:
     """Runs `run` (a pass of `rows` greedy rows) until the target's greedy head screen is armed, where it has one.
     The screen arms on the first rows the head sees (runtime/greedy_head.py) and from then on reads the head for
-    every pass of a few rows, at a fraction of its cost: measured unarmed, those passes carry the whole head, and
-    every wider pass, which always reads it whole, looks cheap beside them (at four requests, a verify of twelve
-    rows against their plain step)."""
+    every pass it takes (GreedyHead.takes) at a fraction of its cost: measured unarmed, those passes carry the whole
+    head, and a wider pass it does not take looks cheap beside them (bf16 at four requests: a verify of twelve rows
+    against their plain step)."""
     prepare = getattr(target, "prepare_greedy_head", None)
     screen = prepare() if prepare is not None else None
     for _ in range(-(-ARM_ROWS // rows)):  # the rows it arms after, if it sees all of them
