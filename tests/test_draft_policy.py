@@ -277,6 +277,30 @@ def test_probes_are_rare_where_drafting_does_not_pay_at_the_engine_rate():
     assert probes(0.9)[:3] == [8, 24, 56]  # the doubling waits: 8, 16, 32
 
 
+def test_probes_price_at_the_batchs_margin_and_a_fresh_engines_rate_one_error_up():
+    """At 16 requests an engine-wide acceptance that pays only without the batch's margin cannot lift the batch into
+    drafting (plan prices at that margin), so its requests wait max_gap before probing, as where drafting does not
+    pay at all; a fresh engine's rate (its prior, two pseudo-steps) is taken one standard error up, so it probes
+    early and finds out."""
+    from dflash_trt.spec.policy import margin_for
+
+    def probes(engine_p, weight, batch=16):
+        pol = DraftLengthPolicy("adaptive", BF16_C16, probe_every=8, max_gap=64)
+        pol.engine_rate = AcceptanceEstimate(prior_p=engine_p, prior_weight=weight, decay=1.0)
+        e, at = AcceptanceEstimate(prior_p=0.3), []
+        for i in range(130):
+            pol.begin_iteration()
+            k = pol.choose(e, 7, batch)
+            if k:
+                at.append(pol.iteration)
+                pol.observe(e, k, 0)
+        return at
+    assert best_draft_len(0.64, 7, 16, BF16_C16) > 0 == best_draft_len(0.64, 7, 16, BF16_C16, margin_for(16))
+    assert probes(0.64, 1000.0) == [64, 128]
+    assert probes(0.64, 2.0)[0] == 8  # then its rate has seen a miss
+    assert probes(0.95, 1000.0)[:2] == [8, 24]
+
+
 def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
     """Requests of 20 steps never wait max_gap: without the engine's own probe every max_gap iterations the
     engine-wide acceptance (every new request's prior) would never learn what the drafter does on this traffic."""

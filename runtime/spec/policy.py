@@ -234,6 +234,11 @@ class AcceptanceEstimate:
         p, n = self.p, self.succ + self.fail
         return max(0.0, p - z * (p * (1.0 - p) / n) ** 0.5) if n > 0 else 0.0
 
+    def upper(self, z: float) -> float:
+        """p plus z standard errors of it."""
+        p, n = self.p, self.succ + self.fail
+        return min(1.0, p + z * (p * (1.0 - p) / n) ** 0.5) if n > 0 else 1.0
+
 
 class DraftLengthPolicy:
     """K per request: adaptive (the cost model above) or fixed (the schedule's K, as TensorRT-LLM does).
@@ -307,10 +312,10 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         """planned: the K the request's batch chose (SpecPolicy.plan), in place of the request's own pricing."""
         if self.mode == "fixed" or k_cap <= 0 or est is None:
             return k_cap
+        margin = margin_for(batch)
         if planned is not None:
             k = min(planned, k_cap)
         else:
-            margin = margin_for(batch)
             k = self.drafts_at(est.p, k_cap, batch, margin)
             # A request that gave up drafting resumes only when the K pays at the estimate's lower bound too.
             # Else one landed probe lifts p over a thin gain (a batch whose verify rows cost), drafting resumes,
@@ -323,15 +328,20 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         else:
             est.idle += 1
             wait = est.probe_gap or self.probe_every
-            # the cost model runs only on a probe iteration past the shortest wait, not every idle step
+            # the cost model runs only on a probe iteration past the shortest wait, not every idle step. Both
+            # rules price at the batch's margin, as its drafting does: a probe at a batch whose drafting needs a
+            # margin the engine-wide rate does not reach cannot lift the batch into drafting, and at a loaded
+            # batch the requests that gave up together probe together (their context writes, a drafter pass and
+            # a verify row each). The engine-wide rate is taken one standard error up: a fresh engine's rate is
+            # its prior, not a measurement, and must not stop it from finding out
             if (self.iteration % self.probe_every == 0 and est.idle >= wait
-                    and self.drafts_at(self.engine_rate.p, k_cap, batch) == 0):
+                    and self.drafts_at(self.engine_rate.upper(1.0), k_cap, batch, margin) == 0):
                 wait = self.max_gap  # drafting does not pay at the rate the drafter keeps on this traffic
             # requests shorter than max_gap never wait that long: the engine then probes one request itself
             # every max_gap iterations, or its rate (the prior of every new request) could never learn
             quiet = self.iteration - self.last_draft >= self.max_gap
             if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0
-                    and self.drafts_at(HOPEFUL_P, k_cap, batch) > 0):
+                    and self.drafts_at(HOPEFUL_P, k_cap, batch, margin) > 0):
                 est.idle, k, est.probing = 0, 1, True
                 est.probe_gap = est.probe_gap or self.probe_every
                 self.last_draft = self.iteration
@@ -397,7 +407,7 @@ class SpecPolicy:
             est = seq.acceptance
             if est is None or not seq.spec_enabled:
                 continue
-            if trusted_p(est, batch) > floor:
+            if est.p > floor and trusted_p(est, batch) > floor:  # trusted_p is never above est.p
                 return False
             if self._cap(seq, k, max_seq_len) > 0:
                 idle.append(est)
