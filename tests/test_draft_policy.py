@@ -434,6 +434,41 @@ def test_a_batch_that_trusts_no_estimate_enough_to_draft_is_quiet():
     assert not pol.quiet_iteration(seqs, k, 4096)
 
 
+def test_a_plan_that_skips_pricing_below_the_break_even_plans_what_pricing_would():
+    """plan prices no K where every request's trusted acceptance is at or below the break-even of equal estimates
+    (SpecPolicy.plan's shortcut): over random batches (estimates of little and much history, requests capped near
+    their max_tokens, some unable to draft) its K is batch_draft_len's own."""
+    import random
+
+    from dflash_trt.sequence import Sequence
+    from dflash_trt.spec.config import SpecConfig
+    from dflash_trt.spec.policy import SpecPolicy, batch_draft_len, margin_for, trusted_p
+
+    r, skipped = random.Random(1), 0
+    for _ in range(400):
+        n = r.randint(2, 24)
+        pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16)
+        seqs = []
+        for _ in range(n):
+            seq = Sequence([1, 2, 3], SamplingParams(max_tokens=r.choice([1, 3, 5, 64])))
+            pol.new_request(seq)
+            seq.acceptance = AcceptanceEstimate(prior_p=r.random(), prior_weight=r.choice([2.0, 10.0, 50.0]))
+            seqs.append(seq)
+        k = pol.begin_iteration(n)
+        if not k:
+            continue
+        pol.plan(seqs, k, 4096)
+        able = [(trusted_p(s.acceptance, n), pol._cap(s, k, 4096)) for s in seqs]
+        others, able = sum(1 for a in able if a[1] == 0), [a for a in able if a[1] > 0]
+        if not able:
+            assert pol.planned is None
+            continue
+        skipped += max(p for p, _ in able) <= pol.lengths.floor(k, n)
+        assert pol.planned == batch_draft_len([p for p, _ in able], [c for _, c in able], others, k, BF16_C16,
+                                              margin_for(n))
+    assert skipped > 20  # the shortcut was taken, and agreed
+
+
 def test_a_quiet_iteration_counts_and_chooses_as_pricing_every_request_would():
     """The scheduler skips pricing requests one by one on an iteration where none can draft
     (SpecPolicy.quiet_iteration): every request's K, idle count and probe wait come out as if each had been priced."""

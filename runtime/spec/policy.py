@@ -433,7 +433,9 @@ class SpecPolicy:
                 able.append((trusted_p(seq.acceptance, len(decoding)), cap))
             else:
                 others += 1
-        if able:
+        if able and max(a[0] for a in able) <= self.lengths.floor(k, len(decoding)):
+            self.planned = 0  # no K pays at these estimates (as in quiet_iteration), so none is priced
+        elif able:
             self.planned = batch_draft_len([a[0] for a in able], [a[1] for a in able], others, k, self.costs,
                                            margin_for(len(decoding)))
 
