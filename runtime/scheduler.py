@@ -127,7 +127,7 @@ class Scheduler:
             if admitting and seq.num_computed == 0:
                 seq.num_computed = self.blocks.cached_prefix(seq)  # rows another request already computed
                 if seq.num_computed and self.proposer is not None:
-                    self.proposer.share(seq.block_table)
+                    self.proposer.share(seq)
                 if not seq.num_preemptions:
                     seq.num_cached_tokens = seq.num_computed
             n = seq.prefill_target - seq.num_computed

@@ -3,13 +3,14 @@ target's features of the request's committed tokens, which the drafter keeps as 
 (the same block tables as the target's).
 
 The drafter's context is written lazily: the committed rows' features wait in a queue keyed by request, and
-are written right before the request's next draft, before another request reads its blocks through the prefix
-cache (`share`), or once the queue holds PENDING_BYTES. A request that is not drafting (the policy found it does
+are written right before the request's next draft, before the next draft of another request that reads its
+blocks through the prefix cache (`share`), or once the queue holds PENDING_BYTES. A request that is not drafting (the policy found it does
 not pay, or the batch is too large) then costs one large context write every PENDING_BYTES of features, and
 nothing at all if it finishes first: at 16-32 requests that do not draft, writing every committed row cost ~1.5%
 of the throughput. When a request leaves, the rows it owes blocks the prefix cache keeps stay parked per block
-until a hit reads the block (then written), the block's space is reused (`evict`: dropped), or the parked rows
-pass PARKED_BYTES (the oldest written). Rejected rows never enter the queue, so nothing needs rolling back:
+until a request that hit the block drafts (then written), the block's space is reused (`evict`: dropped), or the
+parked rows pass PARKED_BYTES (the oldest written). A hit itself writes nothing: at a load where requests do not
+draft, writing every hit's context at admission cost what the prefix cache saved the target. Rejected rows never enter the queue, so nothing needs rolling back:
 only lengths move on rejection.
 """
 from __future__ import annotations
@@ -56,6 +57,8 @@ class DFlashProposer(Proposer):
         # still owes it, oldest first
         self.parked: OrderedDict[int, tuple] = OrderedDict()
         self.parked_rows, self.max_parked = 0, max(64, self.PARKED_BYTES // row_bytes)
+        # seq_id -> the cache blocks it reads through the prefix cache, until its first draft writes what they owe
+        self.hits: dict[int, list[int]] = {}
         drafter.ops = ops
 
     def max_draft_len(self, requested: int | None) -> int:
@@ -89,7 +92,8 @@ class DFlashProposer(Proposer):
         work = [w for w in work if w.draft_len > 0]
         if not work:
             return Proposal()
-        self.write_context([w.seq.seq_id for w in work])  # their whole context before the drafter reads it
+        self._write_hits([w.seq.seq_id for w in work])  # their whole context before the drafter reads it
+        self.write_context([w.seq.seq_id for w in work])
         d, b = self.drafter, self.block_rows(work)
         ids_t, pos_t, slices = self._blocks(work, b)
         hidden = d(self.target.embed(ids_t), pos_t, self.caches, slices, self.scratch)
@@ -185,10 +189,20 @@ class DFlashProposer(Proposer):
                 break
         return out
 
-    def share(self, blocks) -> None:
-        """Blocks another request now reads through the prefix cache: their owners' queued rows (a request's
-        queue holds its last rows, positions num_computed - rows .. num_computed - 1) and the rows parked for
-        them are written first."""
+    def share(self, seq) -> None:
+        """The request reads its first num_computed rows' blocks through the prefix cache: what they owe is written
+        before its first draft (`_write_hits`), not now."""
+        n = -(-seq.num_computed // self.page)
+        if n:
+            self.hits[seq.seq_id] = seq.block_table[:n]
+
+    def _write_hits(self, seq_ids) -> None:
+        """Before these requests draft: the blocks they hit, their owners' queued rows (a request's queue holds its
+        last rows, positions num_computed - rows .. num_computed - 1) and the rows parked for them. The blocks stay
+        allocated while a request that hit them lives, so their parked rows are still theirs."""
+        blocks = [b for sid in seq_ids for b in self.hits.pop(sid, ())]
+        if not blocks:
+            return
         hit = set(blocks)
         owners = [sid for sid, q in self.pending.items()
                   if hit.intersection(q.seq.block_table[(q.seq.num_computed - q.rows) // self.page:])]
@@ -203,6 +217,7 @@ class DFlashProposer(Proposer):
         self.drafter.write_context(*self._rows(parts), self.caches)
 
     def release(self, seq, cached_blocks=frozenset()) -> None:
+        self.hits.pop(seq.seq_id, None)
         q = self.pending.pop(seq.seq_id, None)  # the context waiting for blocks that go goes too
         if q is None or not cached_blocks:
             return

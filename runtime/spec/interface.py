@@ -67,7 +67,8 @@ class Proposer:
     def evict(self, block: int) -> None:
         """A cached block's space goes to another use: whatever the proposer kept for it is void."""
 
-    def share(self, blocks) -> None:
-        """Cache blocks another request now reads through the prefix cache (a hit): first write whatever rows of
-        them the proposer's own caches still owe. Blocks are published once the target's rows in them are
-        final; a proposer with caches may write its rows later (DFlash writes them lazily)."""
+    def share(self, seq) -> None:
+        """The request now reads its first num_computed rows' cache blocks through the prefix cache (a hit): whatever
+        rows of them the proposer's own caches still owe must be written before it drafts from them. Blocks are
+        published once the target's rows in them are final; a proposer with caches may write its rows later
+        (DFlash writes them lazily)."""
