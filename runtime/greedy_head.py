@@ -40,7 +40,7 @@ MAX_CANDIDATES = 1024  # per call; above it the full head is cheaper
 # rows per call up to which a bf16 k-pair head is screened: past them the W8A8 pass and the bounds cost what its full
 # head does (bf16 products, at twice the fp32 multiply-adds). Heads multiplied with fp32 FMAs (fp32 and widened bf16
 # panels) are screened at any number of rows: their full head is compute-bound from a few rows on, at a fraction of
-# the W8A8 pass's rate (docs/cpu_performance.md, "Session 34")
+# the W8A8 pass's rate (docs/cpu_performance.md)
 SCREEN_ROWS = 8
 
 

@@ -4,14 +4,15 @@ target's features of the request's committed tokens, which the drafter keeps as 
 
 The drafter's context is written lazily: the committed rows' features wait in a queue keyed by request, and
 are written right before the request's next draft, before the next draft of another request that reads its
-blocks through the prefix cache (`share`), or once the queue holds PENDING_BYTES. A request that is not drafting (the policy found it does
-not pay, or the batch is too large) then costs one large context write every PENDING_BYTES of features, and
-nothing at all if it finishes first: at 16-32 requests that do not draft, writing every committed row cost ~1.5%
-of the throughput. When a request leaves, the rows it owes blocks the prefix cache keeps stay parked per block
-until a request that hit the block drafts (then written), the block's space is reused (`evict`: dropped), or the
-parked rows pass PARKED_BYTES (the oldest written). A hit itself writes nothing: at a load where requests do not
-draft, writing every hit's context at admission cost what the prefix cache saved the target. Rejected rows never enter the queue, so nothing needs rolling back:
-only lengths move on rejection.
+blocks through the prefix cache (`share`), or once the queue holds PENDING_BYTES. A request that is not drafting
+(the policy found it does not pay, or the batch is too large) then costs one large context write every
+PENDING_BYTES of features, and nothing at all if it finishes first: at 16-32 requests that do not draft, writing
+every committed row cost ~1.5% of the throughput. When a request leaves, the rows it owes blocks the prefix cache
+keeps stay parked per block until a request that hit the block drafts (then written), the block's space is
+reused (`evict`: dropped), or the parked rows pass PARKED_BYTES (the oldest written). A hit itself writes
+nothing: where requests do not draft, writing each hit's context at admission cost the drafter what the prefix
+cache saved the target. Rejected rows never enter the queue, so nothing needs rolling back: only lengths move on
+rejection.
 """
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ class DFlashProposer(Proposer):
         work = [w for w in work if w.draft_len > 0]
         if not work:
             return Proposal()
-        self._write_hits([w.seq.seq_id for w in work])  # their whole context before the drafter reads it
+        # their whole context before the drafter reads it: the blocks they hit, then their own queues
+        self._write_hits([w.seq.seq_id for w in work])
         self.write_context([w.seq.seq_id for w in work])
         d, b = self.drafter, self.block_rows(work)
         ids_t, pos_t, slices = self._blocks(work, b)
