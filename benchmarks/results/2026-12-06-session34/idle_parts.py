@@ -1,4 +1,5 @@
-# python idle_parts.py DTYPE C [ROUNDS]: AR, a second AR and adaptive DFlash engines side by side at concurrency C
+# python idle_parts.py DTYPE C [ROUNDS] [k0]: AR, a second AR (k0: a DFlash engine that never drafts) and adaptive
+# DFlash engines side by side at concurrency C
 # (32 requests, 64 tokens), where DFlash drafts nothing: ms per full step of the whole step, the target pass
 # (runner.run) the engine's other parts and the rest, per round, and the whole run's tok/s ratio
 import os, sys, time, collections, torch
@@ -7,10 +8,11 @@ torch.set_num_threads(2)
 from batching import ClosedLoop, PROMPTS
 from dflash_trt import LLM
 from dflash_trt.embedded import embedded_paths
-dt, C = sys.argv[1], int(sys.argv[2]); R = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+dt, C = sys.argv[1], int(sys.argv[2]); R = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3].isdigit() else 3
 t, d = embedded_paths()
 kw = dict(target=t, max_batch_size=32, dtype=dt)
-E = {"AR": LLM(speculative=False, **kw), "AR2": LLM(speculative=False, **kw), "DF": LLM(draft=d, **kw)}
+second = ("K=0", dict(draft=d, draft_len_schedule={1: 0})) if sys.argv[-1] == "k0" else ("AR2", dict(speculative=False))
+E = {"AR": LLM(speculative=False, **kw), second[0]: LLM(**second[1], **kw), "DF": LLM(draft=d, **kw)}
 cur = {}
 def wrap(obj, name, tag):
     f = getattr(obj, name)
