@@ -325,26 +325,34 @@ BF16_C16 = StepCosts(row=0.026, draft=0.192, draft_row=0.023,
                      draft_curve=((1, 0.23), (4, 0.28), (16, 0.59)), draft_rows=4)
 
 
+def policy_batch(n: int, p: float, weight: float):
+    """A fresh adaptive policy priced by BF16_C16 and n requests whose estimates sit at p with `weight` steps of
+    history."""
+    from dflash_trt.sequence import Sequence
+    from dflash_trt.spec.config import SpecConfig
+    from dflash_trt.spec.policy import SpecPolicy
+
+    pol, seqs = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16), []
+    for _ in range(n):
+        seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
+        pol.new_request(seq)
+        seq.acceptance = AcceptanceEstimate(prior_p=p, prior_weight=weight)
+        seqs.append(seq)
+    return pol, seqs
+
+
 def test_a_loaded_batch_drafts_only_past_a_wider_margin():
     """At 16 requests a fixed K = 1 at acceptance 0.64 (tau 1.64) ran 6-7% slower than plain decoding although the
     model priced it 8% faster (and K = 2, which a flat margin picks, 13% slower): a batch's margin grows with its
     requests, so that batch does not draft, while the same acceptance still drafts at 1 and 4 requests and a far
     better one still drafts at 16."""
-    from dflash_trt.sequence import Sequence
-    from dflash_trt.spec.config import SpecConfig
-    from dflash_trt.spec.policy import SpecPolicy, batch_draft_len, margin_for
+    from dflash_trt.spec.policy import batch_draft_len, margin_for
 
     assert margin_for(1) == MARGIN < margin_for(4) < margin_for(16)
     assert batch_draft_len([0.64] * 16, [7] * 16, 0, 7, BF16_C16, MARGIN) > 0  # what a flat margin chose
 
     def planned(batch, p):
-        pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16)
-        seqs = []
-        for _ in range(batch):
-            seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
-            pol.new_request(seq)
-            seq.acceptance = AcceptanceEstimate(prior_p=p, prior_weight=50.0)
-            seqs.append(seq)
+        pol, seqs = policy_batch(batch, p, 50.0)
         k = pol.begin_iteration(batch)
         pol.plan(seqs, k, 4096)
         return [pol.draft_len(s, k, batch, 4096) for s in seqs]
@@ -358,18 +366,10 @@ def test_a_loaded_batch_trusts_an_estimate_only_as_far_as_it_has_seen():
     """A fresh request's estimate is mostly the engine-wide prior: 16 of them at p = 0.9 with no history of their
     own do not draft (priced at the estimate's lower bound), while the same p after a long history does, and at 4
     requests (a step whose rows are nearly free) the prior alone still drafts."""
-    from dflash_trt.sequence import Sequence
-    from dflash_trt.spec.config import SpecConfig
-    from dflash_trt.spec.policy import SpecPolicy, trusted_p
+    from dflash_trt.spec.policy import trusted_p
 
     def planned(batch, p, weight):
-        pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16)
-        seqs = []
-        for _ in range(batch):
-            seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
-            pol.new_request(seq)
-            seq.acceptance = AcceptanceEstimate(prior_p=p, prior_weight=weight)
-            seqs.append(seq)
+        pol, seqs = policy_batch(batch, p, weight)
         k = pol.begin_iteration(batch)
         pol.plan(seqs, k, 4096)
         return [pol.draft_len(s, k, batch, 4096) for s in seqs]
@@ -407,18 +407,8 @@ def test_a_batch_that_trusts_no_estimate_enough_to_draft_is_quiet():
     though each estimate is above the break-even: the iteration is quiet, so no request is priced one by one, and
     each K and idle count comes out as plan and draft_len make them; the same requests after a long history, or
     alone, are not quiet."""
-    from dflash_trt.sequence import Sequence
-    from dflash_trt.spec.config import SpecConfig
-    from dflash_trt.spec.policy import SpecPolicy
-
     def batch(n, weight):
-        pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16)
-        seqs = []
-        for _ in range(n):
-            seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
-            pol.new_request(seq)
-            seq.acceptance = AcceptanceEstimate(prior_p=0.9, prior_weight=weight)
-            seqs.append(seq)
+        pol, seqs = policy_batch(n, 0.9, weight)
         pol.begin_iteration(n)  # iteration 1: no probe falls on the next
         return pol, seqs, pol.begin_iteration(n)
 
