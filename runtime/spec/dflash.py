@@ -93,9 +93,11 @@ class DFlashProposer(Proposer):
         work = [w for w in work if w.draft_len > 0]
         if not work:
             return Proposal()
-        # their whole context before the drafter reads it: the blocks they hit, then their own queues
-        self._write_hits([w.seq.seq_id for w in work])
-        self.write_context([w.seq.seq_id for w in work])
+        # their whole context before the drafter reads it, in one write: what the blocks they hit owe, and their
+        # own queues
+        ids = [w.seq.seq_id for w in work]
+        owners, parked = self._hit_debts(ids)
+        self.write_context(owners + ids, parked)
         d, b = self.drafter, self.block_rows(work)
         ids_t, pos_t, slices = self._blocks(work, b)
         hidden = d(self.target.embed(ids_t), pos_t, self.caches, slices, self.scratch)
@@ -193,22 +195,23 @@ class DFlashProposer(Proposer):
 
     def share(self, seq) -> None:
         """The request reads its first num_computed rows' blocks through the prefix cache: what they owe is written
-        before its first draft (`_write_hits`), not now."""
+        before its first draft (`_hit_debts`), not now."""
         n = -(-seq.num_computed // self.page)
         if n:
             self.hits[seq.seq_id] = seq.block_table[:n]
 
-    def _write_hits(self, seq_ids) -> None:
-        """Before these requests draft: the blocks they hit, their owners' queued rows (a request's queue holds its
-        last rows, positions num_computed - rows .. num_computed - 1) and the rows parked for them. The blocks stay
-        allocated while a request that hit them lives, so their parked rows are still theirs."""
+    def _hit_debts(self, seq_ids) -> tuple[list, list]:
+        """What the blocks these requests hit still owe, taken for writing before they draft: (the owners whose
+        queued rows cover a hit block, a request's queue holding its last rows, positions num_computed - rows ..
+        num_computed - 1; the parts parked for hit blocks). The blocks stay allocated while a request that hit them
+        lives, so their parked rows are still theirs."""
         blocks = [b for sid in seq_ids for b in self.hits.pop(sid, ())]
         if not blocks:
-            return
+            return [], []
         hit = set(blocks)
         owners = [sid for sid, q in self.pending.items()
                   if hit.intersection(q.seq.block_table[(q.seq.num_computed - q.rows) // self.page:])]
-        self.write_context(owners, [self._unpark(b) for b in blocks if b in self.parked])
+        return owners, [self._unpark(b) for b in blocks if b in self.parked]
 
     @torch.inference_mode()
     def write_context(self, seq_ids, parked=()) -> None:

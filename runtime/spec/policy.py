@@ -231,13 +231,17 @@ class AcceptanceEstimate:
 
     def lower(self, z: float) -> float:
         """p less z standard errors of it."""
-        p, n = self.p, self.succ + self.fail
-        return max(0.0, p - z * (p * (1.0 - p) / n) ** 0.5) if n > 0 else 0.0
+        return max(0.0, self.p - z * self.std_error) if self.succ + self.fail > 0 else 0.0
 
     def upper(self, z: float) -> float:
         """p plus z standard errors of it."""
-        p, n = self.p, self.succ + self.fail
-        return min(1.0, p + z * (p * (1.0 - p) / n) ** 0.5) if n > 0 else 1.0
+        return min(1.0, self.p + z * self.std_error) if self.succ + self.fail > 0 else 1.0
+
+    @property
+    def std_error(self) -> float:
+        """p's standard error, the decayed counts as the sample (positive counts only)."""
+        p = self.p
+        return (p * (1.0 - p) / (self.succ + self.fail)) ** 0.5
 
 
 class DraftLengthPolicy:
