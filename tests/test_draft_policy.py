@@ -203,7 +203,7 @@ def test_engine_measures_its_step_costs_and_frees_the_scratch_blocks(tmp_path):
 def test_calibration_times_passes_as_the_engine_runs_them_with_the_greedy_screen_armed(tmp_path, monkeypatch):
     """The target's greedy head screen arms on the first rows the head sees and then serves every pass of a few
     rows; the calibration arms it before its timed rounds, so no timed pass carries the whole head where serving
-    would not (and the wider passes, which always read it whole, do not look cheap beside them)."""
+    would not (and the wider passes it does not take, which read it whole, do not look cheap beside them)."""
     from dflash_trt.spec import calibrate as cal
 
     t = tiny.make_target(str(tmp_path / "t"))
