@@ -106,7 +106,7 @@ class LLMEngine:
         confidence = self.proposer.supports_confidence and self.dist is None  # a vocab-split head has no softmax
         measured = self._measured_costs(min_confidence_for(spec, cfg.device, confidence) > 0)
         self.policy = SpecPolicy.for_device(spec, self.max_draft_len, cfg.device, measured,
-                                            self.proposer.pass_cost, confidence)
+                                            self.proposer.pass_cost, confidence, self.proposer.samples_drafts)
         self.scheduler = Scheduler(cfg, self.blocks, self.policy, self.proposer, tcfg.eos_token_ids,
                                    Detokenizer(tokenizer))
         self.metrics = EngineMetrics()
@@ -199,20 +199,23 @@ class LLMEngine:
                 raise DFlashError("scheduler made no progress: max_num_tokens or the KV cache is too small "
                                   "for the waiting requests")
             return []
-        drafting = [w for w in work if w.draft_len > 0]
-        proposal = self.proposer.propose(drafting, self.policy.min_confidence > 0) if drafting else Proposal()
+        # the requests that draft, and those that draft without verifying (a shadow probe), in one drafter pass
+        asked = [w for w in work if w.draft_len > 0] + [replace(w, draft_len=w.shadow_len) for w in work
+                                                         if w.shadow_len]
+        proposal = self.proposer.propose(asked, self.policy.min_confidence > 0) if asked else Proposal()
         keep = self.policy.cut({i: len(d) for i, d in proposal.drafts.items()}, proposal.confidence)
         drafts = {i: d[:keep[i]] for i, d in proposal.drafts.items()}
+        shadows = {w.seq.seq_id: drafts.pop(w.seq.seq_id) for w in work if w.shadow_len and w.seq.seq_id in drafts}
         out = self.runner.run(work, drafts)
         for sid, dist in (proposal.dists or {}).items():  # sampled drafts' distributions (DFlash2): rejection
-            if sid in out.verify:                          # sampling verifies them
+            if sid in drafts:                              # sampling verifies them
                 out.verify[sid].draft_dist = dist
         committed = dict(zip(out.verify, self.verifier(list(out.verify.values()), out.logits, out.greedy)))
         self.runner.commit(work, out, committed)
         self.proposer.observe(work, out.target_pass, {
             w.seq.seq_id: w.num_rows if w.is_prefill else len(committed[w.seq.seq_id]) for w in work})
         now = time.perf_counter()
-        outs = self.scheduler.postprocess(work, drafts, committed, now)
+        outs = self.scheduler.postprocess(work, drafts, committed, now, shadows)
         drafted = sum(len(d) for d in drafts.values())
         accepted = sum(len(committed[i]) - 1 for i, d in drafts.items() if d)
         self.metrics.record(IterationStats(len(work), sum(out.target_pass.rows[w.seq.seq_id][1] for w in work),

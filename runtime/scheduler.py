@@ -27,6 +27,7 @@ class Scheduled:
     num_rows: int  # rows in this step's target pass
     draft_len: int  # K for a decoding request (0: plain autoregressive step)
     is_prefill: bool
+    shadow_len: int = 0  # tokens it drafts without verifying them (a shadow probe: spec/policy.py)
 
 
 @dataclass
@@ -114,7 +115,7 @@ class Scheduler:
             if seq not in self.running:
                 continue
             self.blocks.grow(seq, need)
-            out.append(Scheduled(seq, kk + 1, kk, False))
+            out.append(Scheduled(seq, kk + 1, kk, False, self.policy.shadow_len(seq) if k else 0))
             budget -= kk + 1
         # prefill: running requests mid-prompt first, then admissions in arrival order
         candidates = [s for s in self.running if s.in_prefill]
@@ -160,12 +161,14 @@ class Scheduler:
 
     # -- after the step -----------------------------------------------------------------------------
     def postprocess(self, work: list[Scheduled], drafts: dict[int, list[int]], committed: dict[int, list[int]],
-                    now: float) -> list[StepOutput]:
+                    now: float, shadows: dict[int, list[int]] | None = None) -> list[StepOutput]:
         """committed: seq_id -> the tokens verification committed (absent for prefill chunks that did not
-        complete a prompt)."""
+        complete a prompt); shadows: seq_id -> the drafts of a shadow probe (not verified)."""
         outs = []
         for w in work:
             seq, toks = w.seq, committed.get(w.seq.seq_id, [])
+            if shadows and seq.seq_id in shadows:
+                self.policy.shadow(seq, shadows[seq.seq_id])
             seq.num_computed += w.num_rows if w.is_prefill else len(toks)
             self.blocks.publish(seq, seq.num_computed)
             if not w.is_prefill and w.draft_len:
@@ -181,6 +184,8 @@ class Scheduler:
             if not toks:
                 continue
             new = self._commit(seq, toks, now)
+            if seq.acceptance is not None and seq.acceptance.shadow is not None:
+                self.policy.settle(seq)
             if seq.first_token_time is None:
                 seq.first_token_time = now
             outs.append(StepOutput(seq, new, seq.is_finished))

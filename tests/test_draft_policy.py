@@ -258,6 +258,11 @@ def test_min_draft_confidence_defaults_to_on_for_cpu_adaptive_only(tmp_path):
         LLM(target=t, draft=d, min_draft_confidence=1.5)
 
 
+def probe_len(pol: DraftLengthPolicy, est: AcceptanceEstimate, k_cap: int, batch: int) -> int:
+    """The K `choose` gives the request, or that of the shadow probe it gives instead (drafts not verified)."""
+    return pol.choose(est, k_cap, batch) or pol.shadow_len(est)
+
+
 def test_probes_are_rare_where_drafting_does_not_pay_at_the_engine_rate():
     """At a batch whose verify rows cost, a request that gave up probes after max_gap steps when drafting would
     not pay even at the engine-wide acceptance, and after probe_every when it would."""
@@ -267,7 +272,7 @@ def test_probes_are_rare_where_drafting_does_not_pay_at_the_engine_rate():
         e, at = AcceptanceEstimate(prior_p=0.3), []
         for i in range(200):
             pol.begin_iteration()
-            k = pol.choose(e, 7, 4)
+            k = probe_len(pol, e, 7, 4)
             if k:
                 at.append(pol.iteration)
                 pol.observe(e, k, 0)
@@ -290,7 +295,7 @@ def test_probes_price_at_the_batchs_margin_and_a_fresh_engines_rate_one_error_up
         e, at = AcceptanceEstimate(prior_p=0.3), []
         for i in range(130):
             pol.begin_iteration()
-            k = pol.choose(e, 7, batch)
+            k = probe_len(pol, e, 7, batch)
             if k:
                 at.append(pol.iteration)
                 pol.observe(e, k, 0)
@@ -311,11 +316,11 @@ def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
         e = pol.new_estimate()
         for _ in range(20):
             pol.begin_iteration()
-            k = pol.choose(e, 7, 4)
+            k = probe_len(pol, e, 7, 4)
             if k:
                 at.append((pol.iteration, k))
                 pol.observe(e, k, 0)
-    assert at == [(64, 1), (128, 1), (192, 1)]
+    assert at == [(64, 7), (128, 7), (192, 7)]  # in a batch each probe drafts its whole K, unverified
 
 
 # the adaptive engine's start-up costs with the embedded pair in bf16 at 16 slots, as measured beside a fixed K
@@ -491,3 +496,114 @@ def test_a_quiet_iteration_counts_and_chooses_as_pricing_every_request_would():
     (fast, quiet), (priced, _) = run(True), run(False)
     assert quiet > 20 and any(any(step) for step, _ in priced), "the run must have quiet and drafting iterations"
     assert fast == priced
+
+
+def test_a_probe_in_a_batch_drafts_without_verifying_and_alone_verifies_one_draft():
+    """In a batch a probe is a shadow: choose gives the request K = 0 and the shadow its whole cap, for this
+    iteration only; alone, or where its drafts would be verified by rejection sampling, it verifies one draft. A
+    request whose shadow is still pending does not probe again."""
+    pol = DraftLengthPolicy("adaptive", BF16_1T, probe_every=8, max_gap=64)
+
+    def at_probe(batch, shadow=True):
+        e = AcceptanceEstimate(prior_p=0.05)
+        while True:
+            pol.begin_iteration()
+            k = pol.choose(e, 5, batch, shadow=shadow)
+            if k or pol.shadow_len(e):
+                return e, k
+
+    e, k = at_probe(4)
+    assert (k, pol.shadow_len(e), e.probing) == (0, 5, True)
+    pol.begin_iteration()
+    assert pol.shadow_len(e) == 0  # the shadow was this iteration's
+    assert at_probe(1)[1] == 1 and pol.shadow_len(at_probe(1)[0]) == 0
+    assert at_probe(4, shadow=False)[1] == 1
+    e, _ = at_probe(4)
+    e.shadow = (10, [1, 2, 3, 4, 5])  # drafted, not settled yet: its next probe waits for the tokens
+    for _ in range(200):
+        pol.begin_iteration()
+        assert pol.choose(e, 5, 4) == 0 and pol.shadow_len(e) == 0
+
+
+def test_a_shadow_probe_counts_what_verifying_its_drafts_would_have_accepted():
+    """The tokens committed after a shadow probe settle it as the verified step it stands for (spec/verify.accept of
+    its drafts against them): once a draft differs or all have matched, not before; a request that finishes first
+    counts the drafts its tokens decided, all accepted."""
+    from dflash_trt.sequence import Sequence, Status
+    from dflash_trt.spec.config import SpecConfig
+    from dflash_trt.spec.policy import SpecPolicy
+    from dflash_trt.spec.verify import accept
+
+    pol = SpecPolicy(SpecConfig(), 7, "cpu", BF16_C16)
+    seen = []
+    observe = pol.observe
+    pol.observe = lambda seq, k, a: (seen.append((k, a)), observe(seq, k, a))
+
+    def settled(drafts, tokens, finish=False):
+        seq = Sequence([1, 2, 3], SamplingParams(max_tokens=64))
+        pol.new_request(seq)
+        seen.clear()
+        pol.shadow(seq, drafts)  # as postprocess does: before the step commits its token
+        for i, tok in enumerate(tokens):
+            assert not seen, "settled before its tokens decided it"
+            seq.token_ids.append(tok)
+            if finish and i == len(tokens) - 1:
+                seq.status = Status.FINISHED
+            pol.settle(seq)
+            if seq.acceptance.shadow is None:
+                break
+        assert seq.acceptance.shadow is None and len(seen) == 1 and seq.accept_hist == [seen[0][1]]
+        return seen[0]
+
+    for tokens in ([9, 9, 9, 9], [5, 9, 9, 9], [5, 6, 9, 9], [5, 6, 7, 9], [5, 6, 7, 8]):
+        assert settled([5, 6, 7, 8], tokens) == (4, accept([5, 6, 7, 8], tokens + [0])[0])
+    assert settled([5, 6, 7, 8], [5, 6], finish=True) == (2, 2)
+    assert settled([5, 6, 7, 8], [5, 9], finish=True) == (4, 1)
+
+
+def test_requests_that_gave_up_in_a_batch_find_easier_text_by_shadow_probes(tmp_path):
+    """Four requests whose drafts all miss for their first 48 tokens give up drafting; after that the drafts are the
+    target's own tokens. Their probes draft without verifying: a shadow iteration has no verify row, each shadow is
+    settled as verifying its drafts against the target's tokens would have settled it, and the probes that find the
+    text easy bring the requests back to drafting. The output is the target's own throughout."""
+    from dflash_trt.spec.verify import accept
+
+    t = tiny.make_target(str(tmp_path / "t"))
+    d = tiny.make_drafter(str(tmp_path / "d"), t, block_size=8)
+    prompts = [[11, 11, 5], [11, 4, 11, 6], [7, 11], [4, 4, 9]]
+    sp = SamplingParams(max_tokens=200, ignore_eos=True)
+    ar = [o.token_ids for o in LLM(target=t, speculative=False).generate(prompts, sp)]
+    llm = LLM(target=t, draft=d, trace=True, step_costs=dict(CPU_COSTS))
+    eng = llm.engine
+    truth, shadows, settled, shadow_steps = {}, {}, [], set()
+
+    def oracle(work):
+        out = {}
+        for w in work:
+            s = w.seq
+            full = truth.setdefault(s.seq_id, s.prompt_ids + ar[prompts.index(s.prompt_ids)])
+            dr = full[len(s.token_ids):][:w.draft_len]
+            out[s.seq_id] = [(x + 1) % tiny.VOCAB for x in dr] if s.num_output < 48 else dr
+            if eng.policy.shadow_len(s):
+                shadows.setdefault(s.seq_id, []).append((len(s.token_ids), out[s.seq_id]))
+                shadow_steps.add(len(eng.metrics.iterations))
+        return out
+
+    eng.proposer.propose = tiny.as_propose(oracle)
+    settle, observe = eng.policy.settle, eng.policy.observe
+    eng.policy.settle = lambda seq: settle(seq) if seq.acceptance.shadow is None else \
+        (setattr(eng.policy, "observe", lambda s, k, a: (settled.append((s.seq_id, k, a)), observe(s, k, a))),
+         settle(seq), setattr(eng.policy, "observe", observe))
+    outs = llm.generate(prompts, sp)
+    assert [o.token_ids for o in outs] == ar
+    assert len(settled) >= 4 and sum(a for _, _, a in settled) > 0 and any(a < k for _, k, a in settled), settled
+    for sid, k, a in settled:  # each in the order its request's shadows were drafted
+        start, drafts = shadows[sid].pop(0)
+        full = truth[sid]
+        assert (k, a) == (len(drafts), accept(drafts, full[start:start + len(drafts)] + [-1])[0])
+    only = [eng.metrics.iterations[i] for i in sorted(shadow_steps)]  # iterations whose drafts were all shadows'
+    only = [it for it in only if it.drafted == 0]
+    assert only and all(it.num_rows == it.batch_size > 1 and it.num_tokens == it.batch_size for it in only), only
+    for o in outs:  # back to drafting once the text is easy: long verified blocks late in every request
+        late = [len(dr) for dr, _ in o.trace][-5:]
+        assert len(o.trace) >= 5 and min(late) > 1, [len(dr) for dr, _ in o.trace]

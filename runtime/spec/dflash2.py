@@ -23,6 +23,7 @@ from .verify import DRAFT_STREAM, DraftDist, stream_uniforms
 
 class DFlash2Proposer(DFlashProposer):
     name = "dflash2"
+    samples_drafts = True
 
     def __init__(self, drafter: DFlash2Drafter, target, caches, page_size: int, device, ops=None):
         if getattr(target, "tp", None) is not None:

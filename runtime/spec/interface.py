@@ -9,6 +9,8 @@ Capabilities are queried, never inferred from the method's name:
 - `needs_target_features`: the target pass must capture the hidden states of `feature_layers` (DFlash);
 - `pass_cost`: a proposal runs a model (its cost enters the policy's cost model); False: it is nearly free;
 - `supports_confidence`: proposals carry the proposer's own probability per draft (the policy's confidence cut);
+- `samples_drafts`: a sampled request's drafts are drawn from a distribution (`Proposal.dists`) and verified by
+  rejection sampling, so a draft that differs from the target's token might still have been accepted;
 - `needs_state_rollback`: the proposer keeps state past the accepted prefix that must be rolled back after
   verification (a recurrent drafter); `observe`'s committed row counts say where
   each request's state must end. A target with recurrent layers (hybrid attention) asks the same of the
@@ -42,6 +44,7 @@ class Proposer:
     needs_target_features = False
     pass_cost = False
     supports_confidence = False
+    samples_drafts = False
     needs_state_rollback = False
     feature_layers: list[int] = []
     caches: list = []  # the proposer's own KV caches (the DFlash drafter's context), allocated by the engine

@@ -213,6 +213,10 @@ class AcceptanceEstimate:
         self.idle = 0  # consecutive steps without drafting
         self.probe_gap = 0  # steps between probes (0: not set yet)
         self.probing = False
+        # a probe that drafts without verifying (DraftLengthPolicy.choose): (iteration, K) when it was chosen, then
+        # (position of its first draft, drafts) until the committed tokens settle it (SpecPolicy.settle)
+        self.shadow_at: tuple[int, int] = (0, 0)
+        self.shadow: tuple[int, list[int]] | None = None
 
     def update(self, k: int, accepted: int) -> None:
         self.succ = self.succ * self.decay + accepted
@@ -256,7 +260,16 @@ class DraftLengthPolicy:
 requests are too short to wait that long, the engine itself probes one request every `max_gap` iterations in
 which nothing drafted, so the engine-wide rate (every new request's prior) still learns. Probes
     fall on iterations that are multiples of `probe_every`, so requests that gave up share one drafter pass
-    instead of each paying its fixed cost on a different step."""
+    instead of each paying its fixed cost on a different step.
+
+    A probe in a batch drafts without verifying (a shadow probe): the drafter drafts the request's whole K, the
+    request decodes on as before, and the tokens it commits over the next steps settle how many of the drafts
+    verification would have accepted (`SpecPolicy.settle`), the same count, since a committed token is the target's
+    own whatever was drafted. A verified probe in a batch commits one more token of the batch's B at the price of a
+    verify row, and leaves its request a token ahead of the rest, so requests that started together no longer finish
+    together (the batch ends on a step of one request, the next arrivals prefill apart). Alone, a request probes by
+    verifying one draft: its verify row rides on a pass that streams the weights for one row anyway, and a landed
+    draft saves it a whole step."""
 
     def __init__(self, mode: str, costs: StepCosts, probe_every: int = 8, max_gap: int = 64):
         self.mode, self.costs, self.probe_every, self.max_gap = mode, costs, probe_every, max_gap
@@ -312,8 +325,11 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
             lo, hi = (lo, mid) if best_draft_len(mid, k_cap, batch, self.costs, margin) > 0 else (mid, hi)
         return lo
 
-    def choose(self, est: AcceptanceEstimate | None, k_cap: int, batch: int, planned: int | None = None) -> int:
-        """planned: the K the request's batch chose (SpecPolicy.plan), in place of the request's own pricing."""
+    def choose(self, est: AcceptanceEstimate | None, k_cap: int, batch: int, planned: int | None = None,
+               shadow: bool = True) -> int:
+        """planned: the K the request's batch chose (SpecPolicy.plan), in place of the request's own pricing.
+        shadow: a probe in a batch may draft without verifying (False where matching the committed tokens would
+        not count what verification accepts: drafts that rejection sampling verifies)."""
         if self.mode == "fixed" or k_cap <= 0 or est is None:
             return k_cap
         margin = margin_for(batch)
@@ -344,12 +360,23 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
             # requests shorter than max_gap never wait that long: the engine then probes one request itself
             # every max_gap iterations, or its rate (the prior of every new request) could never learn
             quiet = self.iteration - self.last_draft >= self.max_gap
-            if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0
+            if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0 and est.shadow is None
                     and self.drafts_at(HOPEFUL_P, k_cap, batch, margin) > 0):
-                est.idle, k, est.probing = 0, 1, True
+                est.idle, est.probing = 0, True
                 est.probe_gap = est.probe_gap or self.probe_every
                 self.last_draft = self.iteration
+                if shadow and batch > 1:
+                    est.shadow_at = (self.iteration, k_cap)
+                else:
+                    k = 1
         return k
+
+    def shadow_len(self, est: AcceptanceEstimate | None) -> int:
+        """K of the shadow probe `choose` gave the request in this iteration (0: none)."""
+        if est is None:
+            return 0
+        at, k = est.shadow_at
+        return k if at == self.iteration else 0
 
 
 def min_confidence_for(cfg: SpecConfig, device: str, supports_confidence: bool = True) -> float:
@@ -367,22 +394,24 @@ class SpecPolicy:
     acceptance statistics change."""
 
     def __init__(self, cfg: SpecConfig, max_draft_len: int, device: str, costs: StepCosts,
-                 supports_confidence: bool = True):
+                 supports_confidence: bool = True, samples_drafts: bool = False):
         self.cfg, self.max_draft_len, self.costs = cfg, max_draft_len, costs
+        self.samples_drafts = samples_drafts  # the proposer's sampled requests' drafts are verified by rejection
         self.lengths = DraftLengthPolicy(cfg.draft_len_policy, costs)
         self.planned: int | None = None  # this iteration's K, priced for the whole batch (plan); None: per request
         self.min_confidence = min_confidence_for(cfg, device, supports_confidence)
 
     @classmethod
     def for_device(cls, cfg: SpecConfig, max_draft_len: int, device: str, measured: dict | None = None,
-                   pass_cost: bool = True, supports_confidence: bool = True) -> "SpecPolicy":
+                   pass_cost: bool = True, supports_confidence: bool = True,
+                   samples_drafts: bool = False) -> "SpecPolicy":
         """Costs: given (step_costs), else measured, else the device's fallbacks; a proposer without a model
         pass (n-gram lookup) drafts for free."""
         costs = StepCosts.for_device(device, cfg.step_costs or measured)
         if not pass_cost:
             costs.draft = costs.draft_row = 0.0
             costs.draft_curve = ()
-        return cls(cfg, max_draft_len, device, costs, supports_confidence)
+        return cls(cfg, max_draft_len, device, costs, supports_confidence, samples_drafts)
 
     @property
     def adaptive(self) -> bool:
@@ -450,7 +479,12 @@ class SpecPolicy:
     def draft_len(self, seq, k_cap: int, batch: int, max_seq_len: int) -> int:
         if not self.max_draft_len or not seq.spec_enabled:
             return 0
-        return self.lengths.choose(seq.acceptance, self._cap(seq, k_cap, max_seq_len), batch, self.planned)
+        return self.lengths.choose(seq.acceptance, self._cap(seq, k_cap, max_seq_len), batch, self.planned,
+                                   shadow=seq.params.greedy or not self.samples_drafts)
+
+    def shadow_len(self, seq) -> int:
+        """How many tokens the request drafts this iteration without verifying them (a shadow probe; 0: none)."""
+        return self.lengths.shadow_len(seq.acceptance)
 
     @staticmethod
     def _cap(seq, k_cap: int, max_seq_len: int) -> int:
@@ -464,6 +498,27 @@ class SpecPolicy:
         ids = list(lens)
         conf = [c for i in ids for c in confidence[i][:lens[i]]]
         return dict(zip(ids, confident_prefixes(conf, [lens[i] for i in ids], self.min_confidence)))
+
+    def shadow(self, seq, drafts: list[int]) -> None:
+        """A shadow probe's drafts, before the step commits its token: they stand for the request's next tokens."""
+        seq.acceptance.shadow = (len(seq.token_ids), drafts)
+
+    def settle(self, seq) -> None:
+        """After a commit: a pending shadow probe whose drafts the committed tokens now decide (a draft that differs
+        from its token, or all of them matched, or the request finished) counts as the verified step it stands for:
+        the drafts up to the first that differs are accepted. Tokens a finished request never committed decide
+        nothing, so all-matched drafts cut short by its end count as that many drafted, all accepted."""
+        est = seq.acceptance
+        start, drafts = est.shadow
+        got = seq.token_ids[start:start + len(drafts)]
+        a = 0
+        while a < len(got) and drafts[a] == got[a]:
+            a += 1
+        if a == len(got) and len(got) < len(drafts) and not seq.is_finished:
+            return
+        est.shadow = None
+        if got:
+            self.observe(seq, len(drafts) if a < len(got) else len(got), a)
 
     def observe(self, seq, drafted: int, accepted: int) -> None:
         """A verified step of `drafted` drafts with `accepted` of them accepted."""
