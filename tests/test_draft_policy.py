@@ -320,7 +320,7 @@ def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
             if k:
                 at.append((pol.iteration, k))
                 pol.observe(e, k, 0)
-    assert at == [(64, 7), (128, 7), (192, 7)]  # in a batch each probe drafts its whole K, unverified
+    assert at == [(64, 1), (128, 1), (192, 1)]  # in a batch each probe drafts one token, unverified
 
 
 # the adaptive engine's start-up costs with the embedded pair in bf16 at 16 slots, as measured beside a fixed K
@@ -499,9 +499,9 @@ def test_a_quiet_iteration_counts_and_chooses_as_pricing_every_request_would():
 
 
 def test_a_probe_in_a_batch_drafts_without_verifying_and_alone_verifies_one_draft():
-    """In a batch a probe is a shadow: choose gives the request K = 0 and the shadow its whole cap, for this
-    iteration only; alone, or where its drafts would be verified by rejection sampling, it verifies one draft. A
-    request whose shadow is still pending does not probe again."""
+    """In a batch a probe is a shadow: choose gives the request K = 0 and a shadow of one token, for this iteration
+    only; alone, or where its draft would be verified by rejection sampling, it verifies one draft. A request whose
+    shadow is still pending does not probe again."""
     pol = DraftLengthPolicy("adaptive", BF16_1T, probe_every=8, max_gap=64)
 
     def at_probe(batch, shadow=True):
@@ -513,13 +513,13 @@ def test_a_probe_in_a_batch_drafts_without_verifying_and_alone_verifies_one_draf
                 return e, k
 
     e, k = at_probe(4)
-    assert (k, pol.shadow_len(e), e.probing) == (0, 5, True)
+    assert (k, pol.shadow_len(e), e.probing) == (0, 1, True)
     pol.begin_iteration()
     assert pol.shadow_len(e) == 0  # the shadow was this iteration's
     assert at_probe(1)[1] == 1 and pol.shadow_len(at_probe(1)[0]) == 0
     assert at_probe(4, shadow=False)[1] == 1
     e, _ = at_probe(4)
-    e.shadow = (10, [1, 2, 3, 4, 5])  # drafted, not settled yet: its next probe waits for the tokens
+    e.shadow = (10, [1])  # drafted, not settled yet: its next probe waits for the token
     for _ in range(200):
         pol.begin_iteration()
         assert pol.choose(e, 5, 4) == 0 and pol.shadow_len(e) == 0

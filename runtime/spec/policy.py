@@ -213,9 +213,9 @@ class AcceptanceEstimate:
         self.idle = 0  # consecutive steps without drafting
         self.probe_gap = 0  # steps between probes (0: not set yet)
         self.probing = False
-        # a probe that drafts without verifying (DraftLengthPolicy.choose): (iteration, K) when it was chosen, then
+        # a probe that drafts without verifying (DraftLengthPolicy.choose): the iteration it was chosen for, then
         # (position of its first draft, drafts) until the committed tokens settle it (SpecPolicy.settle)
-        self.shadow_at: tuple[int, int] = (0, 0)
+        self.shadow_at = 0
         self.shadow: tuple[int, list[int]] | None = None
 
     def update(self, k: int, accepted: int) -> None:
@@ -262,14 +262,15 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
     fall on iterations that are multiples of `probe_every`, so requests that gave up share one drafter pass
     instead of each paying its fixed cost on a different step.
 
-    A probe in a batch drafts without verifying (a shadow probe): the drafter drafts the request's whole K, the
-    request decodes on as before, and the tokens it commits over the next steps settle how many of the drafts
-    verification would have accepted (`SpecPolicy.settle`), the same count, since a committed token is the target's
-    own whatever was drafted. A verified probe in a batch commits one more token of the batch's B at the price of a
-    verify row, and leaves its request a token ahead of the rest, so requests that started together no longer finish
-    together (the batch ends on a step of one request, the next arrivals prefill apart). Alone, a request probes by
-    verifying one draft: its verify row rides on a pass that streams the weights for one row anyway, and a landed
-    draft saves it a whole step."""
+    A probe in a batch drafts its one token without verifying it (a shadow probe): the request decodes on as
+    before, and the token it commits next settles whether verification would have accepted the draft
+    (`SpecPolicy.settle`), the same outcome, since a committed token is the target's own whatever was drafted. A
+    verified probe in a batch commits one more token of the batch's B at the price of a verify row, and leaves its
+    request a token ahead of the rest, so requests that started together no longer finish together (the batch ends
+    on a step of one request, the next arrivals prefill apart). Alone, a request probes by verifying its draft: the
+    verify row rides on a pass that streams the weights for one row anyway, and a landed draft saves it a whole
+    step. One token, not the request's K, in either case: requests that gave up together probe together, and a
+    trimmed drafter pass costs the rows its longest draft needs for every request in it."""
 
     def __init__(self, mode: str, costs: StepCosts, probe_every: int = 8, max_gap: int = 64):
         self.mode, self.costs, self.probe_every, self.max_gap = mode, costs, probe_every, max_gap
@@ -366,17 +367,14 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
                 est.probe_gap = est.probe_gap or self.probe_every
                 self.last_draft = self.iteration
                 if shadow and batch > 1:
-                    est.shadow_at = (self.iteration, k_cap)
+                    est.shadow_at = self.iteration
                 else:
                     k = 1
         return k
 
     def shadow_len(self, est: AcceptanceEstimate | None) -> int:
-        """K of the shadow probe `choose` gave the request in this iteration (0: none)."""
-        if est is None:
-            return 0
-        at, k = est.shadow_at
-        return k if at == self.iteration else 0
+        """Tokens of the shadow probe `choose` gave the request in this iteration (0: none)."""
+        return 1 if est is not None and est.shadow_at == self.iteration else 0
 
 
 def min_confidence_for(cfg: SpecConfig, device: str, supports_confidence: bool = True) -> float:

@@ -15,7 +15,7 @@ log, settled = [], []
 op = e.proposer.propose
 def prop(work, *a, **k):
     dec = [s for s in e.scheduler.running if not s.in_prefill]
-    shadows = {w.seq.seq_id for w in work if w.seq.acceptance and w.seq.acceptance.shadow_at[0] == pol.lengths.iteration}
+    shadows = {w.seq.seq_id for w in work if w.seq.acceptance and w.seq.acceptance.shadow_at == pol.lengths.iteration}
     log.append((pol.lengths.iteration, len(dec), [w.draft_len for w in work if w.seq.seq_id not in shadows],
                 [w.draft_len for w in work if w.seq.seq_id in shadows]))
     return op(work, *a, **k)
