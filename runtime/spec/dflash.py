@@ -153,15 +153,20 @@ class DFlashProposer(Proposer):
         rows are gathered first: other requests' queues may keep the buffer long after a drafting request's next
         draft wrote its own rows, and it should not hold rejected rows that long. A lone request's buffer lives
         until its next draft, so it is kept as it is."""
-        spans = [(w.seq, target_pass.rows[w.seq.seq_id][0], committed_rows[w.seq.seq_id]) for w in work]
         feats, pos, slots = target_pass.features, target_pass.positions, target_pass.slot_mapping
-        if len(spans) > 1 and sum(n for _, _, n in spans) < feats.shape[0]:
+        rows = target_pass.rows  # seq_id -> (first row, rows)
+        if len(work) > 1 and sum(committed_rows.values()) < feats.shape[0]:
+            spans = [(w.seq.seq_id, rows[w.seq.seq_id][0], committed_rows[w.seq.seq_id]) for w in work]
             idx = torch.cat([torch.arange(first, first + n) for _, first, n in spans]).to(feats.device)
             feats, pos, slots = feats.index_select(0, idx), pos.index_select(0, idx), slots.index_select(0, idx)
-            starts = accumulate((n for _, _, n in spans), initial=0)
-            spans = [(seq, at, n) for (seq, _, n), at in zip(spans, starts)]
-        step = (feats, pos, slots)
-        self.write_context([seq.seq_id for seq, first, n in spans if self.queue(seq, step, first, n)])
+            rows = {sid: (at, n) for (sid, _, n), at in zip(spans, accumulate((n for _, _, n in spans), initial=0))}
+        step, full = (feats, pos, slots), []
+        for w in work:  # every step, every request: one call each, and no list built unless a queue fills
+            sid = w.seq.seq_id
+            if self.queue(w.seq, step, rows[sid][0], committed_rows[sid]):
+                full.append(sid)
+        if full:
+            self.write_context(full)
 
     def queue(self, seq, step: tuple, first: int = 0, rows: int | None = None) -> bool:
         """Rows first .. first + rows - 1 (all by default) of a step's (features, positions, slots), whose context
