@@ -32,4 +32,5 @@ for c in levels:
     while lp.busy: lp.step()
     print(f"c={c}: tok/s {lp.figures()[0]:.1f} tau {lp.figures()[2]:.2f}, {len(log)} drafting iterations, "
           f"{sum(1 for x in log if x[3])} with shadow probes; (iteration, batch, verified, shadow):",
-          log[:12] if c >= 16 else "", "settled:", settled[:20], flush=True)
+          log[:12] if c >= 16 else "", "settled:", settled[:20], f"engine rate {pol.lengths.engine_rate.p:.3f} upper "
+          f"{pol.lengths.engine_rate.upper(1.0):.3f} floor(7, 16) {pol.lengths.floor(7, 16):.3f}", flush=True)
