@@ -394,7 +394,7 @@ class SpecPolicy:
     def __init__(self, cfg: SpecConfig, max_draft_len: int, device: str, costs: StepCosts,
                  supports_confidence: bool = True, samples_drafts: bool = False):
         self.cfg, self.max_draft_len, self.costs = cfg, max_draft_len, costs
-        self.samples_drafts = samples_drafts  # the proposer's sampled requests' drafts are verified by rejection
+        self.samples_drafts = samples_drafts  # sampled requests' drafts are verified by rejection sampling
         self.lengths = DraftLengthPolicy(cfg.draft_len_policy, costs)
         self.planned: int | None = None  # this iteration's K, priced for the whole batch (plan); None: per request
         self.min_confidence = min_confidence_for(cfg, device, supports_confidence)
