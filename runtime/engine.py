@@ -200,12 +200,12 @@ class LLMEngine:
                                   "for the waiting requests")
             return []
         # the requests that draft, and those that draft without verifying (a shadow probe), in one drafter pass
-        asked = [w for w in work if w.draft_len > 0] + [replace(w, draft_len=w.shadow_len) for w in work
-                                                         if w.shadow_len]
+        shadowing = [replace(w, draft_len=w.shadow_len) for w in work if w.shadow_len]
+        asked = [w for w in work if w.draft_len > 0] + shadowing
         proposal = self.proposer.propose(asked, self.policy.min_confidence > 0) if asked else Proposal()
         keep = self.policy.cut({i: len(d) for i, d in proposal.drafts.items()}, proposal.confidence)
         drafts = {i: d[:keep[i]] for i, d in proposal.drafts.items()}
-        shadows = {w.seq.seq_id: drafts.pop(w.seq.seq_id) for w in work if w.shadow_len and w.seq.seq_id in drafts}
+        shadows = {w.seq.seq_id: drafts.pop(w.seq.seq_id) for w in shadowing if w.seq.seq_id in drafts}
         out = self.runner.run(work, drafts)
         for sid, dist in (proposal.dists or {}).items():  # sampled drafts' distributions (DFlash2): rejection
             if sid in drafts:                              # sampling verifies them
