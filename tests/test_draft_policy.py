@@ -323,6 +323,35 @@ def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
     assert at == [(64, 1), (128, 1), (192, 1)]  # in a batch each probe drafts one token, unverified
 
 
+def test_the_engines_own_probe_falls_across_the_batch_not_on_its_oldest_request():
+    """Requests that arrive together and alike are, at each of the engine's own probes, the oldest at the same stretch
+    of its text (near its end, often easy): probing it every time, the engine-wide rate learns that stretch instead
+    of the traffic. The engine's probe falls on a request picked by the iteration (the same on every rank), one a
+    probe, and the requests' own waits are untouched."""
+    def run():
+        pol, seqs = policy_batch(4, 0.3, 1000.0)
+        pol.lengths.engine_rate = AcceptanceEstimate(prior_p=0.3, prior_weight=1000.0, decay=1.0)
+        age, probed = [0, 5, 10, 15], []  # a batch of 4 requests of 20 steps, one finishing every 5 steps
+        for _ in range(64 * 12):
+            k = pol.begin_iteration(len(seqs))
+            if k and not pol.quiet_iteration(seqs, k, 4096):
+                pol.plan(seqs, k, 4096)
+                lens = [pol.draft_len(s, k, len(seqs), 4096) + pol.shadow_len(s) for s in seqs]
+                if any(lens):
+                    probed.append([i for i, n in enumerate(lens) if n])
+            age = [a + 1 for a in age]
+            while age[0] >= 20:  # the oldest finishes and a new request joins at the end, as the scheduler orders them
+                age.pop(0)
+                seqs.pop(0)
+                seqs.append(policy_batch(1, 0.3, 1000.0)[1][0])
+                age.append(0)
+        return probed
+    probed = run()
+    assert len(probed) == 12 and all(len(p) == 1 for p in probed), probed  # one probe every max_gap iterations
+    assert len({p[0] for p in probed}) >= 3, probed  # not always the oldest (index 0)
+    assert run() == probed  # picked by the iteration alone
+
+
 # the adaptive engine's start-up costs with the embedded pair in bf16 at 16 slots, as measured beside a fixed K
 # (benchmarks/results/2026-12-06-session29/c16_fixed_k_bf16.txt)
 BF16_C16 = StepCosts(row=0.026, draft=0.192, draft_row=0.023,

@@ -277,10 +277,25 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         self.engine_rate = AcceptanceEstimate(decay=0.98)  # the prior of new requests
         self.iteration = 0
         self.last_draft = 0  # the last iteration in which any request drafted (or probed)
+        self.engine_turn: AcceptanceEstimate | None = None  # the request the engine's own probe falls on (None: any)
         self._break_even: dict[tuple, float] = {}  # (k_cap, batch, margin) -> p at or below which nothing pays
 
     def begin_iteration(self) -> None:
         self.iteration += 1
+        self.engine_turn = None
+
+    @property
+    def engine_probes_now(self) -> bool:
+        """Whether this iteration is one on which the engine probes a request itself (see choose)."""
+        return self.iteration % self.probe_every == 0 and self.iteration - self.last_draft >= self.max_gap
+
+    def pick_engine_turn(self, ests: list) -> None:
+        """Where the engine probes this iteration, the request it probes: one picked by a hash of the iteration,
+        the same on every rank. Not the first that may (the oldest): where requests arrive together and alike, the
+        oldest is at the same stretch of its text at every probe (near its end, often easy), and the engine-wide
+        rate would learn that stretch's acceptance instead of the traffic's."""
+        if ests and self.engine_probes_now:
+            self.engine_turn = ests[((self.iteration * 2654435761) >> 16) % len(ests)]
 
     def new_estimate(self) -> AcceptanceEstimate:
         return AcceptanceEstimate(prior_p=self.engine_rate.p)
@@ -360,7 +375,8 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
                 wait = self.max_gap  # drafting does not pay at the rate the drafter keeps on this traffic
             # requests shorter than max_gap never wait that long: the engine then probes one request itself
             # every max_gap iterations, or its rate (the prior of every new request) could never learn
-            quiet = self.iteration - self.last_draft >= self.max_gap
+            quiet = (self.iteration - self.last_draft >= self.max_gap
+                     and (self.engine_turn is None or self.engine_turn is est))
             if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0 and est.shadow is None
                     and self.drafts_at(HOPEFUL_P, k_cap, batch, margin) > 0):
                 est.idle, est.probing = 0, True
@@ -457,13 +473,15 @@ class SpecPolicy:
         trusted_p is never above it), so the quiet iteration's shortcut stays exact."""
         if not self.adaptive or len(decoding) < 2:
             return
-        able, others = [], 0
+        able, ests, others = [], [], 0
         for seq in decoding:
             cap = self._cap(seq, k, max_seq_len) if seq.spec_enabled and seq.acceptance is not None else 0
             if cap > 0:
                 able.append((trusted_p(seq.acceptance, len(decoding)), cap))
+                ests.append(seq.acceptance)
             else:
                 others += 1
+        self.lengths.pick_engine_turn(ests)
         if able and max(a[0] for a in able) <= self.lengths.floor(k, len(decoding)):
             self.planned = 0  # no K pays at these estimates (as in quiet_iteration), so none is priced
         elif able:
