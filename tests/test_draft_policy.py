@@ -116,7 +116,7 @@ def test_policy_probes_after_giving_up_and_fixed_mode_keeps_k():
     e = AcceptanceEstimate(prior_p=0.01)
     late = AcceptanceEstimate(prior_p=0.01)
     ks, ks_late = [], []
-    for i in range(60):  # every probe misses: the gaps double, 4, 8, 16, 16
+    for i in range(60):  # every probe misses: the gaps double, 4, 8, then the engine's probe every max_gap
         pol.begin_iteration()
         ks.append(pol.choose(e, 7, 1))
         if ks[-1]:
@@ -125,7 +125,9 @@ def test_policy_probes_after_giving_up_and_fixed_mode_keeps_k():
             ks_late.append(pol.choose(late, 7, 1))
             if ks_late[-1]:
                 pol.observe(late, ks_late[-1], 0)
-    assert [i + 1 for i, k in enumerate(ks) if k] == [4, 12, 28, 44, 60] and set(ks) == {0, 1}
+    # a request's own probe drafts one token and does not count as teaching the engine-wide rate: with nothing else
+    # drafting, the engine probes the request itself every max_gap iterations, with its K
+    assert [(i + 1, k) for i, k in enumerate(ks) if k] == [(4, 1), (12, 1), (16, 7), (32, 7), (48, 7)]
     assert all((i + 6) % 4 == 0 for i, k in enumerate(ks_late) if k) and sum(ks_late) >= 2
     e.idle = e.probe_gap - 1
     while pol.iteration % 4:
@@ -320,7 +322,7 @@ def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
             if k:
                 at.append((pol.iteration, k))
                 pol.observe(e, k, 0)
-    assert at == [(64, 1), (128, 1), (192, 1)]  # in a batch each probe drafts one token, unverified
+    assert at == [(64, 7), (128, 7), (192, 7)]  # the request's K, unverified in a batch
 
 
 def test_the_engines_own_probe_falls_across_the_batch_not_on_its_oldest_request():
@@ -350,6 +352,31 @@ def test_the_engines_own_probe_falls_across_the_batch_not_on_its_oldest_request(
     assert len(probed) == 12 and all(len(p) == 1 for p in probed), probed  # one probe every max_gap iterations
     assert len({p[0] for p in probed}) >= 3, probed  # not always the oldest (index 0)
     assert run() == probed  # picked by the iteration alone
+
+
+def test_one_token_probes_that_land_do_not_lift_the_engine_wide_rate():
+    """A block's first draft lands far more often than its later ones. Text where every first draft lands and every
+    second misses (a block's rate per position 0.5): the requests' own one-token probes all land, and counted
+    engine-wide they lifted the rate probe by probe past the 16-request break-even, so every request probed every
+    few steps and the batch drafted where it did not pay. Only the engine's probes (the request's K: a block) and
+    drafting steps teach the engine-wide rate; it stays below the break-even and the requests wait max_gap."""
+    pol, seqs = policy_batch(16, 0.6, 50.0)
+    for seq in seqs:
+        seq.params.max_tokens = 10**6
+    pol.lengths.engine_rate = AcceptanceEstimate(prior_p=0.6, prior_weight=50.0, decay=0.98)
+    probes, steps = 0, 64 * 30
+    for _ in range(steps):
+        k = pol.begin_iteration(16)
+        if k and not pol.quiet_iteration(seqs, k, 4096):
+            pol.plan(seqs, k, 4096)
+            for seq in seqs:
+                n = pol.draft_len(seq, k, 16, 4096) or pol.shadow_len(seq)
+                probes += n > 0 and seq.acceptance.probing
+                if n:
+                    pol.observe(seq, n, min(n, 1))
+    rate = pol.lengths.engine_rate
+    assert rate.upper(1.0) < pol.lengths.floor(7, 16), (rate.p, pol.lengths.floor(7, 16))
+    assert probes <= 16 * steps // 64 + steps // 64, probes  # each request's own every max_gap, the engine's
 
 
 # the adaptive engine's start-up costs with the embedded pair in bf16 at 16 slots, as measured beside a fixed K

@@ -213,9 +213,10 @@ class AcceptanceEstimate:
         self.idle = 0  # consecutive steps without drafting
         self.probe_gap = 0  # steps between probes (0: not set yet)
         self.probing = False
+        self.engine_probe = False  # the probe under way is the engine's own (DraftLengthPolicy.choose)
         # a probe that drafts without verifying (DraftLengthPolicy.choose): the iteration it was chosen for, then
         # (position of its first draft, drafts) until the committed tokens settle it (SpecPolicy.settle)
-        self.shadow_at = 0
+        self.shadow_at, self.shadow_k = 0, 0
         self.shadow: tuple[int, list[int]] | None = None
 
     def update(self, k: int, accepted: int) -> None:
@@ -269,14 +270,16 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
     request a token ahead of the rest, so requests that started together no longer finish together (the batch ends
     on a step of one request, the next arrivals prefill apart). Alone, a request probes by verifying its draft: the
     verify row rides on a pass that streams the weights for one row anyway, and a landed draft saves it a whole
-    step. One token, not the request's K, in either case: requests that gave up together probe together, and a
-    trimmed drafter pass costs the rows its longest draft needs for every request in it."""
+    step. A request's own probe drafts one token, not its K, in either case: requests that gave up together probe
+    together, and a trimmed drafter pass costs the rows its longest draft needs for every request in it. The
+    engine's probe drafts the request's K (it is its pass's only request), and only its outcome and drafting
+    steps teach the engine-wide rate (observe)."""
 
     def __init__(self, mode: str, costs: StepCosts, probe_every: int = 8, max_gap: int = 64):
         self.mode, self.costs, self.probe_every, self.max_gap = mode, costs, probe_every, max_gap
         self.engine_rate = AcceptanceEstimate(decay=0.98)  # the prior of new requests
         self.iteration = 0
-        self.last_draft = 0  # the last iteration in which any request drafted (or probed)
+        self.last_draft = 0  # the last iteration in which a request drafted or the engine probed one
         self.engine_turn: AcceptanceEstimate | None = None  # the request the engine's own probe falls on (None: any)
         self._break_even: dict[tuple, float] = {}  # (k_cap, batch, margin) -> p at or below which nothing pays
 
@@ -291,9 +294,8 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
 
     def pick_engine_turn(self, ests: list) -> None:
         """Where the engine probes this iteration, the request it probes: one picked by a hash of the iteration,
-        the same on every rank. Not the first that may (the oldest): where requests arrive together and alike, the
-        oldest is at the same stretch of its text at every probe (near its end, often easy), and the engine-wide
-        rate would learn that stretch's acceptance instead of the traffic's."""
+        the same on every rank: the engine-wide rate samples the batch, where the first that may (the oldest) would
+        be the request at the same point of its text at every probe when requests arrive together and alike."""
         if ests and self.engine_probes_now:
             self.engine_turn = ests[((self.iteration * 2654435761) >> 16) % len(ests)]
 
@@ -301,11 +303,17 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
         return AcceptanceEstimate(prior_p=self.engine_rate.p)
 
     def observe(self, est: AcceptanceEstimate, k: int, accepted: int) -> None:
+        # A request's own probe drafts one token, and a block's first draft lands far more often than the rate per
+        # position that the block's later drafts show: counted engine-wide, probes that land would lift the rate
+        # probe by probe until a batch where drafting does not pay probes together and drafts. The request's own
+        # estimate takes it (it decides whether the request resumes; its blocks then correct the estimate).
+        teaches_engine = not est.probing or est.engine_probe
         if est.probing:  # every probe doubles the wait; one that lifts the estimate enough resumes drafting
-            est.probing = False
+            est.probing = est.engine_probe = False
             est.probe_gap = min(2 * est.probe_gap, self.max_gap)
         est.update(k, accepted)
-        self.engine_rate.update(k, accepted)
+        if teaches_engine:
+            self.engine_rate.update(k, accepted)
 
     def drafts_at(self, p: float, k_cap: int, batch: int, margin: float = 0.0) -> int:
         """best_draft_len(p, k_cap, batch, costs, margin), without its cost model where p is at or below the
@@ -379,18 +387,22 @@ which nothing drafted, so the engine-wide rate (every new request's prior) still
                      and (self.engine_turn is None or self.engine_turn is est))
             if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0 and est.shadow is None
                     and self.drafts_at(HOPEFUL_P, k_cap, batch, margin) > 0):
-                est.idle, est.probing = 0, True
+                est.idle, est.probing, est.engine_probe = 0, True, quiet
                 est.probe_gap = est.probe_gap or self.probe_every
-                self.last_draft = self.iteration
+                if quiet:  # a request's own probe does not teach the engine-wide rate (observe)
+                    self.last_draft = self.iteration
+                # the engine's probe, one request's drafter pass, drafts the request's K: a block, read without
+                # bias by the estimate per position that the engine-wide rate is (see observe)
+                n = k_cap if quiet else 1
                 if shadow and batch > 1:
-                    est.shadow_at = self.iteration
+                    est.shadow_at, est.shadow_k = self.iteration, n
                 else:
-                    k = 1
+                    k = n
         return k
 
     def shadow_len(self, est: AcceptanceEstimate | None) -> int:
         """Tokens of the shadow probe `choose` gave the request in this iteration (0: none)."""
-        return 1 if est is not None and est.shadow_at == self.iteration else 0
+        return est.shadow_k if est is not None and est.shadow_at == self.iteration else 0
 
 
 def min_confidence_for(cfg: SpecConfig, device: str, supports_confidence: bool = True) -> float:
