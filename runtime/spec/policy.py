@@ -257,15 +257,16 @@ class DraftLengthPolicy:
     reset the wait: on hard text at batch 4-8 those probes cost ~4% of the throughput). Where drafting would not
     pay even at the engine-wide acceptance, the wait is `max_gap` from the first: at a batch whose verify rows
     cost, a probe (a drafter pass and verify rows for one likely token) is bought only for the chance that this
-    request's text is far easier than the rest, and requests of a few dozen steps never recover its cost. Where
-requests are too short to wait that long, the engine itself probes one request every `max_gap` iterations in
-which nothing drafted, so the engine-wide rate (every new request's prior) still learns. Probes
+    request's text is far easier than the rest, and requests of a few dozen steps never recover its cost. The
+    engine itself probes one request every `max_gap` iterations in which nothing drafted (requests' own probes do
+    not count: they do not teach the engine-wide rate, see observe), so that rate, every new request's prior, still
+    learns where requests are too short to wait `max_gap` or only probe on their own. Probes
     fall on iterations that are multiples of `probe_every`, so requests that gave up share one drafter pass
     instead of each paying its fixed cost on a different step.
 
-    A probe in a batch drafts its one token without verifying it (a shadow probe): the request decodes on as
-    before, and the token it commits next settles whether verification would have accepted the draft
-    (`SpecPolicy.settle`), the same outcome, since a committed token is the target's own whatever was drafted. A
+    A probe in a batch drafts without verifying (a shadow probe): the request decodes on as before, and the tokens
+    it commits next settle whether verification would have accepted the drafts (`SpecPolicy.settle`), the same
+    outcome, since a committed token is the target's own whatever was drafted. A
     verified probe in a batch commits one more token of the batch's B at the price of a verify row, and leaves its
     request a token ahead of the rest, so requests that started together no longer finish together (the batch ends
     on a step of one request, the next arrivals prefill apart). Alone, a request probes by verifying its draft: the
