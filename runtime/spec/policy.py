@@ -382,10 +382,10 @@ class DraftLengthPolicy:
             if (self.iteration % self.probe_every == 0 and est.idle >= wait
                     and self.drafts_at(self.engine_rate.upper(1.0), k_cap, batch, margin) == 0):
                 wait = self.max_gap  # drafting does not pay at the rate the drafter keeps on this traffic
-            # requests shorter than max_gap never wait that long: the engine then probes one request itself
-            # every max_gap iterations, or its rate (the prior of every new request) could never learn
-            quiet = (self.iteration - self.last_draft >= self.max_gap
-                     and (self.engine_turn is None or self.engine_turn is est))
+            # the engine probes one request itself every max_gap iterations in which nothing taught its rate (the
+            # prior of every new request): requests shorter than max_gap never probe on their own, and their own
+            # probes do not teach it (observe)
+            quiet = self.engine_probes_now and (self.engine_turn is None or self.engine_turn is est)
             if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0 and est.shadow is None
                     and self.drafts_at(HOPEFUL_P, k_cap, batch, margin) > 0):
                 est.idle, est.probing, est.engine_probe = 0, True, quiet
