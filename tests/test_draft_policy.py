@@ -326,10 +326,9 @@ def test_the_engine_probes_where_requests_are_too_short_to_wait_max_gap():
 
 
 def test_the_engines_own_probe_falls_across_the_batch_not_on_its_oldest_request():
-    """Requests that arrive together and alike are, at each of the engine's own probes, the oldest at the same stretch
-    of its text (near its end, often easy): probing it every time, the engine-wide rate learns that stretch instead
-    of the traffic. The engine's probe falls on a request picked by the iteration (the same on every rank), one a
-    probe, and the requests' own waits are untouched."""
+    """Where requests arrive together and alike, the oldest is at the same point of its text at each of the engine's
+    own probes: probing it every time, the engine-wide rate samples one stretch of text instead of the batch. The
+    engine's probe falls on a request picked by the iteration (the same on every rank), one a probe."""
     def run():
         pol, seqs = policy_batch(4, 0.3, 1000.0)
         pol.lengths.engine_rate = AcceptanceEstimate(prior_p=0.3, prior_weight=1000.0, decay=1.0)
