@@ -266,10 +266,10 @@ class DraftLengthPolicy:
 
     A probe in a batch drafts without verifying (a shadow probe): the request decodes on as before, and the tokens
     it commits next settle whether verification would have accepted the drafts (`SpecPolicy.settle`), the same
-    outcome, since a committed token is the target's own whatever was drafted. A
-    verified probe in a batch commits one more token of the batch's B at the price of a verify row, and leaves its
-    request a token ahead of the rest, so requests that started together no longer finish together (the batch ends
-    on a step of one request, the next arrivals prefill apart). Alone, a request probes by verifying its draft: the
+    outcome, since a committed token is the target's own whatever was drafted. A verified probe in a batch commits
+    one more token of the batch's B at the price of a verify row, and leaves its request a token ahead of the rest,
+    so requests that started together no longer finish together (the batch ends on a step of one request, the next
+    arrivals prefill apart). Alone, a request probes by verifying its draft: the
     verify row rides on a pass that streams the weights for one row anyway, and a landed draft saves it a whole
     step. A request's own probe drafts one token, not its K, in either case: requests that gave up together probe
     together, and a trimmed drafter pass costs the rows its longest draft needs for every request in it. The
@@ -294,10 +294,11 @@ class DraftLengthPolicy:
         return self.iteration % self.probe_every == 0 and self.iteration - self.last_draft >= self.max_gap
 
     def pick_engine_turn(self, ests: list) -> None:
-        """Where the engine probes this iteration, the request it probes: one picked by a hash of the iteration,
-        the same on every rank: the engine-wide rate samples the batch, where the first that may (the oldest) would
-        be the request at the same point of its text at every probe when requests arrive together and alike."""
-        if ests and self.engine_probes_now:
+        """Where the engine probes this iteration (ests: the estimates of the requests that may draft), the request
+        it probes: one picked by a hash of the iteration, the same on every rank. The engine-wide rate so samples the
+        batch, where the first that may (the oldest) would be at the same point of its text at every probe when
+        requests arrive together and alike."""
+        if ests:  # gathered only where the engine probes now (SpecPolicy.plan)
             self.engine_turn = ests[((self.iteration * 2654435761) >> 16) % len(ests)]
 
     def new_estimate(self) -> AcceptanceEstimate:
@@ -385,16 +386,16 @@ class DraftLengthPolicy:
             # the engine probes one request itself every max_gap iterations in which nothing taught its rate (the
             # prior of every new request): requests shorter than max_gap never probe on their own, and their own
             # probes do not teach it (observe)
-            quiet = self.engine_probes_now and (self.engine_turn is None or self.engine_turn is est)
-            if ((est.idle >= wait or quiet) and self.iteration % self.probe_every == 0 and est.shadow is None
+            engine_probe = self.engine_probes_now and (self.engine_turn is None or self.engine_turn is est)
+            if ((est.idle >= wait or engine_probe) and self.iteration % self.probe_every == 0 and est.shadow is None
                     and self.drafts_at(HOPEFUL_P, k_cap, batch, margin) > 0):
-                est.idle, est.probing, est.engine_probe = 0, True, quiet
+                est.idle, est.probing, est.engine_probe = 0, True, engine_probe
                 est.probe_gap = est.probe_gap or self.probe_every
-                if quiet:  # a request's own probe does not teach the engine-wide rate (observe)
+                if engine_probe:  # a request's own probe does not teach the engine-wide rate (observe)
                     self.last_draft = self.iteration
                 # the engine's probe, one request's drafter pass, drafts the request's K: a block, read without
                 # bias by the estimate per position that the engine-wide rate is (see observe)
-                n = k_cap if quiet else 1
+                n = k_cap if engine_probe else 1
                 if shadow and batch > 1:
                     est.shadow_at, est.shadow_k = self.iteration, n
                 else:
@@ -487,11 +488,13 @@ class SpecPolicy:
         if not self.adaptive or len(decoding) < 2:
             return
         able, ests, others = [], [], 0
+        turn = self.lengths.engine_probes_now  # the requests' estimates are gathered only where the engine probes
         for seq in decoding:
             cap = self._cap(seq, k, max_seq_len) if seq.spec_enabled and seq.acceptance is not None else 0
             if cap > 0:
                 able.append((trusted_p(seq.acceptance, len(decoding)), cap))
-                ests.append(seq.acceptance)
+                if turn:
+                    ests.append(seq.acceptance)
             else:
                 others += 1
         self.lengths.pick_engine_turn(ests)
