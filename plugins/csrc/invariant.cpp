@@ -99,9 +99,9 @@ struct LinParams {
   int64_t ldq;
   const float* xs;
   // I8Q: the same codes as signed bytes (code - 128, [M][ldq]), which the AVX-512 pass's tiles and VNNI kernel
-  // multiply; its quantize_rows writes them beside xq, each row once, by the thread that quantised it
+  // multiply; its quantize_rows writes them beside xq
   uint8_t* xsq;
-  bool quantize;  // I8Q: xq / xs (and xsq) are buffers that run_linear fills from x first (quantize_x)
+  bool quantize;  // I8Q: run_linear quantises x first, each thread into its own xq / xs / xsq (quantized_here)
 };
 
 struct NormParams {
@@ -286,7 +286,7 @@ static void balanced(int64_t n, int parts, int idx, int64_t& b, int64_t& e) {
 
 // ---- linear ----------------------------------------------------------------------------------------------
 
-static void quantize_part(const LinParams& p, int64_t r0, int64_t r1);
+static LinParams quantized_here(const LinParams& p, int64_t M);
 
 static void run_linear(const LinParams& p, int64_t M) {
   const Kernels& k = K();
@@ -315,8 +315,7 @@ static void run_linear(const LinParams& p, int64_t M) {
   if (tm > M) tm = (int)M;
   T = tn * tm;
   if (T == 1) {
-    if (p.quantize) quantize_part(p, 0, M);
-    k.linear_tile(p, 0, M, 0, P);
+    k.linear_tile(quantized_here(p, M), 0, M, 0, P);
     return;
   }
   const unsigned csr = _mm_getcsr();
@@ -326,17 +325,16 @@ static void run_linear(const LinParams& p, int64_t M) {
     // the T tiles over whatever team the runtime gave (it may give fewer threads than asked: nested regions,
     // dynamic teams, a second OpenMP runtime in the process); a tile's result does not depend on its thread
     const int team = omp_get_num_threads();
-    if (p.quantize) {  // W8A8: the team quantises the rows first, every tile then reads all of them
-      int64_t r0, r1;
-      balanced(M, team, omp_get_thread_num(), r0, r1);
-      if (r1 > r0) quantize_part(p, r0, r1);
-#pragma omp barrier
-    }
+    // W8A8: each thread quantises every row into its own buffers (a row's codes do not depend on who makes
+    // them). A tile reads all rows' codes, one broadcast per row and quad in step with its dot products: codes
+    // another core wrote would reach it line by line from that core's cache, which at a verify block's rows
+    // costs more than quantising the rows twice; and no barrier.
+    const LinParams pt = quantized_here(p, M);
     for (int tid = omp_get_thread_num(); tid < T; tid += team) {
       int64_t m0, m1, p0, p1;
       balanced(M, tm, tid % tm, m0, m1);
       balanced(P, tn, tid / tm, p0, p1);
-      if (m1 > m0 && p1 > p0) k.linear_tile(p, m0, m1, p0, p1);
+      if (m1 > m0 && p1 > p0) k.linear_tile(pt, m0, m1, p0, p1);
     }
   }
 }
@@ -392,31 +390,30 @@ static int64_t packed_k(const at::Tensor& packed) {
   return weight_code(packed) == I8Q ? packed.size(1) * 4 : packed.size(1);
 }
 
-// W8A8: the buffers for x quantised per row and chunk, which run_linear fills first (the kernel table's
-// quantize_rows; every ISA's version gives the same codes and scales, whichever thread quantises a row)
-static void quantize_x(LinParams& p, int64_t M) {
-  thread_local std::vector<uint8_t> q, f;  // per calling thread, reused: no allocation per decode step
-  thread_local std::vector<float> s;
-  const int64_t cl = p.chunk_len, kx = cl * p.nchunks;
+// W8A8: x is quantised per row and chunk where run_linear runs its tiles (quantized_here)
+static void quantize_x(LinParams& p) {
+  const int64_t cl = p.chunk_len;
   TORCH_CHECK(cl % 4 == 0, "bi_linear: a W8A8 weight needs chunks of a multiple of 4 columns, got ", cl);
-  q.resize((size_t)(M * kx));
-  f.resize((size_t)(M * kx));
-  s.resize((size_t)(M * p.nchunks));
-  p.xq = q.data();
-  p.xsq = f.data();
-  p.ldq = kx;
-  p.xs = s.data();
+  p.ldq = cl * p.nchunks;
   p.quantize = true;
 }
 
-// rows r0 .. r1 - 1 of quantize_x's buffers
-static void quantize_part(const LinParams& p, int64_t r0, int64_t r1) {
-  LinParams pp = p;
-  if (pp.xh) pp.xh += r0 * p.ldx;
-  else pp.x += r0 * p.ldx;
-  if (pp.xsq) pp.xsq += r0 * p.ldq;
-  K().quantize_rows(pp, r1 - r0, const_cast<uint8_t*>(p.xq) + r0 * p.ldq,
-                    const_cast<float*>(p.xs) + r0 * p.nchunks);
+// p with its M rows quantised into the calling thread's own buffers (reused: no allocation per decode step) by
+// the kernel table's quantize_rows, whose every ISA's version gives the same codes and scales; p as it is where
+// it does not quantise
+static LinParams quantized_here(const LinParams& p, int64_t M) {
+  if (!p.quantize) return p;
+  thread_local std::vector<uint8_t> q, f;
+  thread_local std::vector<float> s;
+  q.resize((size_t)(M * p.ldq));
+  f.resize((size_t)(M * p.ldq));
+  s.resize((size_t)(M * p.nchunks));
+  LinParams pt = p;
+  pt.xq = q.data();
+  pt.xsq = f.data();
+  pt.xs = s.data();
+  K().quantize_rows(pt, M, q.data(), s.data());
+  return pt;
 }
 
 // F8 / I8 panels need their per-column scales: returns a pointer to them, or null for f32/bf16
@@ -478,7 +475,7 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   p.y = y.data_ptr();
   p.yt = yt;
   p.ldy = n;
-  if (p.wt == I8Q) quantize_x(p, M);
+  if (p.wt == I8Q) quantize_x(p);
   run_linear(p, M);
   return y;
 }
@@ -529,7 +526,7 @@ static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packe
   p.y = y.data_ptr();
   p.yt = F32;
   p.ldy = n;
-  if (p.wt == I8Q) quantize_x(p, M);
+  if (p.wt == I8Q) quantize_x(p);
   run_linear(p, M);
   return y;
 }
