@@ -78,6 +78,8 @@ def _register_fakes() -> None:
                 raise
 
     reg("bi_linear", lambda x, packed, n, bias=None, k_splits=1, wscale=None: x.new_empty((x.shape[0], n)))
+    reg("bi_linear_silu", lambda x, packed, n, inter, up_col, bias=None, k_splits=1, wscale=None:
+        x.new_empty((x.shape[0], inter)))
     reg("bi_linear_partial", lambda x, packed, n, chunk_begin, chunk_end, k_splits, wscale=None:
         x.new_empty((x.shape[0], n), dtype=torch.float32))
     reg("bi_rms_norm", lambda x, weight, eps: x.new_empty(
@@ -265,6 +267,13 @@ def linear(x: torch.Tensor, packed: PackedLinear, bias: torch.Tensor | None = No
     """y = x @ W.T + bias, x [..., K] float32 or bfloat16 (output in x's dtype)."""
     y = _ops().bi_linear(_rows(x), packed.data, packed.n, bias, k_splits, packed.scale)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], packed.n)
+
+
+def linear_silu(x: torch.Tensor, packed: PackedLinear, inter: int, up_col: int, bias: torch.Tensor | None = None,
+                k_splits: int = 1) -> torch.Tensor:
+    """silu_mul(y[:, :inter], y[:, up_col:up_col + inter]) of y = linear(x, packed, bias, k_splits), x [M, K], in
+    one op (a fused gate|up projection, up starting at a panel boundary: plugins/layer.py concat_packed)."""
+    return _ops().bi_linear_silu(_rows(x), packed.data, packed.n, inter, up_col, bias, k_splits, packed.scale)
 
 
 def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: PackedLinear, chunks: int,

@@ -455,6 +455,37 @@ def test_silu_mul():
     torch.testing.assert_close(bi.silu_mul(ex, torch.ones_like(ex)), F.silu(ex), rtol=1e-6, atol=1e-30)
 
 
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "bf16_pairs", "w8a8"])
+def test_linear_silu_is_the_linear_then_silu_mul(kind):
+    """A fused gate|up projection and its SiLU in one op (each thread computes the gate and the up panels of the
+    same columns, then their SiLU * up) gives exactly linear() then silu_mul() on the output's halves: at one and
+    two threads, at every row count, with an intermediate size that is no whole number of panels."""
+    from dflash_trt.plugins import layer
+
+    k, inter = 576, 200
+    pack = {"fp32": bi.pack_linear, "bf16": lambda w: bi.pack_linear(w, torch.bfloat16),
+            "bf16_pairs": bi.pack_linear_bf16_pairs, "w8a8": bi.pack_linear_w8a8}[kind]
+    cat = layer.concat_packed([pack(_randn(inter, k, seed=110)), pack(_randn(inter, k, seed=111))])
+    up = cat.cols[1]
+    bias = layer.concat_bias([_randn(inter, seed=112), _randn(inter, seed=113)], [inter, inter], cat.cols,
+                             cat.packed.n)
+    dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    threads = torch.get_num_threads()
+    try:
+        for th in (1, 2):
+            torch.set_num_threads(th)
+            for m in (1, 3, 8, 17):
+                x = _randn(m, k, seed=114 + m, dtype=dtype)
+                for b in (None, bias):
+                    y = bi.linear(x, cat.packed, b)
+                    ref = bi.silu_mul(y[:, :inter], y[:, up:up + inter])
+                    assert _same(bi.linear_silu(x, cat.packed, inter, up, b), ref), (th, m, b is None)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="panel boundary"):
+        bi.linear_silu(x, cat.packed, inter, up - 8)
+
+
 # ---- attention --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (4, 2, 128), (4, 4, 72)])

@@ -436,26 +436,27 @@ static void check_packed(const at::Tensor& packed, int64_t n) {
               packed.size(0));
 }
 
-static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                            const c10::optional<at::Tensor>& bias, int64_t k_splits,
-                            const c10::optional<at::Tensor>& wscale) {
-  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "bi_linear: CPU tensors only");
-  TORCH_CHECK(x.dim() == 2, "bi_linear: x must be [M, K]");
+// y = x W^T + bias's parameters, with bi_linear's checks (op: the name in their messages); xr and bf keep x's
+// rows and the fp32 bias alive, y is made here
+static LinParams linear_params(const char* op, const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                               const c10::optional<at::Tensor>& bias, int64_t k_splits,
+                               const c10::optional<at::Tensor>& wscale, XRows& xr, at::Tensor& bf, at::Tensor& y) {
+  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(x.dim() == 2, op, ": x must be [M, K]");
   check_packed(packed, n);
   const int64_t Kp = packed_k(packed);
-  TORCH_CHECK(x.size(1) == Kp, "bi_linear: x has K=", x.size(1), " but the weight has K=", Kp);
+  TORCH_CHECK(x.size(1) == Kp, op, ": x has K=", x.size(1), " but the weight has K=", Kp);
   TORCH_CHECK(k_splits == 1 || k_splits == 2 || k_splits == 4 || k_splits == 8,
-              "bi_linear: k_splits must be 1, 2, 4 or 8");
-  TORCH_CHECK(Kp % k_splits == 0, "bi_linear: K=", Kp, " not divisible by k_splits=", k_splits);
+              op, ": k_splits must be 1, 2, 4 or 8");
+  TORCH_CHECK(Kp % k_splits == 0, op, ": K=", Kp, " not divisible by k_splits=", k_splits);
   int yt = dtype_code(x, "x");
-  const XRows xr = x_rows(x, weight_code(packed));
-  at::Tensor bf;
+  xr = x_rows(x, weight_code(packed));
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bi_linear: bias must have n elements");
+    TORCH_CHECK(bias->numel() == n, op, ": bias must have n elements");
     bf = bias->to(at::kFloat).contiguous();
   }
   const int64_t M = x.size(0);
-  at::Tensor y = at::empty({M, n}, x.options());
+  y = at::empty({M, n}, x.options());
   LinParams p{};
   p.x = xr.x;
   p.xh = xr.xh;
@@ -469,15 +470,85 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
   p.N = n;
   p.chunk_len = Kp / k_splits;
   p.nchunks = (int)k_splits;
-  TORCH_CHECK(p.wt != BF16P || p.chunk_len % 2 == 0, "bi_linear: bf16 k-pair panels need chunks of an even "
+  TORCH_CHECK(p.wt != BF16P || p.chunk_len % 2 == 0, op, ": bf16 k-pair panels need chunks of an even "
               "number of columns, got ", p.chunk_len, " (pack with pack_linear(w, torch.bfloat16) instead)");
   p.bias = bf.defined() ? bf.data_ptr<float>() : nullptr;
   p.y = y.data_ptr();
   p.yt = yt;
   p.ldy = n;
   if (p.wt == I8Q) quantize_x(p);
-  run_linear(p, M);
+  return p;
+}
+
+static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                            const c10::optional<at::Tensor>& bias, int64_t k_splits,
+                            const c10::optional<at::Tensor>& wscale) {
+  XRows xr;
+  at::Tensor bf, y;
+  const LinParams p = linear_params("bi_linear", x, packed, n, bias, k_splits, wscale, xr, bf, y);
+  run_linear(p, x.size(0));
   return y;
+}
+
+// A fused gate|up weight (gate in columns [0, inter), up from up_col, a panel boundary past gate's last panel)
+// and then SiLU(gate) * up: each thread computes the gate panels of its share of the columns, the up panels of
+// the same columns and their SiLU * up, so the gate and up values stay in the core that made them and the SiLU
+// needs no fork/join of its own. Every tile and every element is what bi_linear and bi_silu_mul compute.
+static void run_linear_silu(const LinParams& p, int64_t M, int64_t inter, int64_t up_col, void* act) {
+  const Kernels& k = K();
+  const int64_t Pg = (inter + 31) / 32, Pu = up_col / 32;
+  const int64_t es = p.yt == BF16 ? 2 : 4;
+  SiluParams s{};
+  s.g = p.y; s.ldg = p.ldy;
+  s.u = (const char*)p.y + up_col * es; s.ldu = p.ldy;
+  s.y = act; s.ldy = inter;
+  s.t = p.yt;
+  // thread t's columns [c0, c1): its gate panels [g0, g1), the up panels of the same columns, then the SiLU
+  auto share = [&](const LinParams& pt, int64_t g0, int64_t g1) {
+    k.linear_tile(pt, 0, M, g0, g1);
+    k.linear_tile(pt, 0, M, Pu + g0, Pu + g1);
+    const int64_t c0 = g0 * 32, c1 = std::min(g1 * 32, inter);
+    SiluParams st = s;
+    st.g = (const char*)s.g + c0 * es;
+    st.u = (const char*)s.u + c0 * es;
+    st.y = (char*)s.y + c0 * es;
+    st.C = c1 - c0;
+    k.silu_rows(st, 0, M);
+  };
+  int T = nthreads();
+  if (double(M) * double(2 * Pg * 32) * double(p.chunk_len * p.nchunks) < 1.0e5) T = 1;  // as run_linear
+  T = (int)std::min<int64_t>(T, Pg);
+  if (T == 1) {
+    share(quantized_here(p, M), 0, Pg);
+    return;
+  }
+  const unsigned csr = _mm_getcsr();
+#pragma omp parallel num_threads(T)
+  {
+    CsrScope cs(csr);
+    const int team = omp_get_num_threads();
+    const LinParams pt = quantized_here(p, M);
+    for (int tid = omp_get_thread_num(); tid < T; tid += team) {
+      int64_t g0, g1;
+      balanced(Pg, T, tid, g0, g1);
+      if (g1 > g0) share(pt, g0, g1);
+    }
+  }
+}
+
+static at::Tensor bi_linear_silu(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t inter,
+                                 int64_t up_col, const c10::optional<at::Tensor>& bias, int64_t k_splits,
+                                 const c10::optional<at::Tensor>& wscale) {
+  TORCH_CHECK(inter > 0 && up_col % 32 == 0 && up_col >= (inter + 31) / 32 * 32 && up_col + inter <= n,
+              "bi_linear_silu: gate must be columns [0, inter) and up start at a panel boundary up_col past "
+              "gate's panels, within n (got inter ", inter, ", up_col ", up_col, ", n ", n, ")");
+  XRows xr;
+  at::Tensor bf, y;
+  const LinParams p = linear_params("bi_linear_silu", x, packed, n, bias, k_splits, wscale, xr, bf, y);
+  TORCH_CHECK(p.chunk_len > 0, "bi_linear_silu: x must have columns");
+  at::Tensor act = at::empty({x.size(0), inter}, x.options());
+  run_linear_silu(p, x.size(0), inter, up_col, act.data_ptr());
+  return act;
 }
 
 static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
@@ -1107,6 +1178,8 @@ static at::Tensor bi_selftest_reduce(const at::Tensor& a) {
 
 TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.def("bi_linear(Tensor x, Tensor packed, int n, Tensor? bias=None, int k_splits=1, Tensor? wscale=None) -> Tensor");
+  m.def("bi_linear_silu(Tensor x, Tensor packed, int n, int inter, int up_col, Tensor? bias=None, int k_splits=1, "
+        "Tensor? wscale=None) -> Tensor");
   m.def("bi_linear_partial(Tensor x, Tensor packed, int n, int chunk_begin, int chunk_end, int k_splits, "
         "Tensor? wscale=None) -> Tensor");
   m.def("bi_rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
@@ -1125,6 +1198,7 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
 
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
   m.impl("bi_linear", &bi::bi_linear);
+  m.impl("bi_linear_silu", &bi::bi_linear_silu);
   m.impl("bi_linear_partial", &bi::bi_linear_partial);
   m.impl("bi_rms_norm", &bi::bi_rms_norm);
   m.impl("bi_add_rms_norm", &bi::bi_add_rms_norm);

@@ -1,7 +1,7 @@
 // One op per dense decoder layer (Llama / SmolLM2 / Qwen3) on the batch-invariant CPU kernels:
 //   h = rms_norm(x); qkv = linear(h) (one fused GEMV); [q/k norm]; rope; K/V written to their cache slots;
-//   o = paged_attention; x1 = x + o_proj(o); h2 = rms_norm(x1); gu = linear(h2) (gate and up fused);
-//   out = x1 + down_proj(silu(gate) * up)
+//   o = paged_attention; x1 = x + o_proj(o); h2 = rms_norm(x1); act = silu(gate) * up of linear(h2) (gate and
+//   up fused, the SiLU in the same op); out = x1 + down_proj(act)
 // It exists to take the Python and small-op overhead out of a decode step: the kernels themselves are the
 // dflash_trt::bi_* ops of invariant.cpp, called through typed dispatcher handles looked up once, so this file
 // computes nothing that could round differently from the op-by-op path except rope, the K/V write and the
@@ -35,9 +35,11 @@ using OptT = c10::optional<Tensor>;
 
 struct Handles {
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, int64_t, const OptT&, int64_t, const OptT&)> linear;
+  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, const OptT&, int64_t,
+                                  const OptT&)>
+      linear_silu;
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, double)> rms_norm;
   c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)> add_norm;
-  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&)> silu_mul;
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                   const Tensor&, const Tensor&, const Tensor&, double, bool)>
       attention;
@@ -50,10 +52,12 @@ static const Handles& H() {
     return Handles{
         d.findSchemaOrThrow("dflash_trt::bi_linear", "")
             .typed<Tensor(const Tensor&, const Tensor&, int64_t, const OptT&, int64_t, const OptT&)>(),
+        d.findSchemaOrThrow("dflash_trt::bi_linear_silu", "")
+            .typed<Tensor(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, const OptT&, int64_t,
+                          const OptT&)>(),
         d.findSchemaOrThrow("dflash_trt::bi_rms_norm", "").typed<Tensor(const Tensor&, const Tensor&, double)>(),
         d.findSchemaOrThrow("dflash_trt::bi_add_rms_norm", "")
             .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)>(),
-        d.findSchemaOrThrow("dflash_trt::bi_silu_mul", "").typed<Tensor(const Tensor&, const Tensor&)>(),
         d.findSchemaOrThrow("dflash_trt::bi_paged_attention", "")
             .typed<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&, const Tensor&, double, bool)>(),
@@ -72,6 +76,10 @@ struct Proj {  // one packed linear (plugins/invariant.py PackedLinear) and its 
   OptT bias, scale;
   int64_t k_splits = 1;
   Tensor run(const Tensor& x) const { return H().linear.call(x, data, n, bias, k_splits, scale); }
+  // gate in columns [0, inter), up from up_col: SiLU(gate) * up, [T, inter]
+  Tensor run_silu(const Tensor& x, int64_t inter, int64_t up_col) const {
+    return H().linear_silu.call(x, data, n, inter, up_col, bias, k_splits, scale);
+  }
 };
 
 struct FusedLayer : torch::CustomClassHolder {
@@ -300,9 +308,7 @@ static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_
 
   // MLP block: x1 = x + o and its norm in one pass (the sum rounded to x's dtype first, as `x + o` is)
   auto [h2, x1] = h.add_norm.call(o, x, L.post_norm, L.eps);
-  const Tensor gu = L.gate_up.run(h2);
-  const Tensor act = h.silu_mul.call(gu.narrow(1, 0, L.inter), gu.narrow(1, L.up_col, L.inter));
-  return residual_add(x1, L.down.run(act));
+  return residual_add(x1, L.down.run(L.gate_up.run_silu(h2, L.inter, L.up_col)));
 }
 
 static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, const Tensor& x, const Tensor& cos,
