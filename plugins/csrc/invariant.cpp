@@ -288,6 +288,28 @@ static void balanced(int64_t n, int parts, int idx, int64_t& b, int64_t& e) {
 
 static LinParams quantized_here(const LinParams& p, int64_t M);
 
+// work(pt, tid) for each tid < T: on the calling thread where T is 1, else on an OpenMP team whose threads take
+// the tids in turn (the runtime may give fewer threads than asked: nested regions, dynamic teams, a second
+// OpenMP runtime in the process; a tid's result does not depend on its thread). pt is p with its rows quantised
+// into the running thread's own buffers (W8A8): a tile reads all rows' codes, one broadcast per row and quad in
+// step with its dot products, and codes another core wrote would reach it line by line from that core's cache,
+// which at a verify block's rows costs more than quantising the rows twice; nor is a barrier left.
+template <class F>
+static void run_tiles(const LinParams& p, int64_t M, int T, F&& work) {
+  if (T == 1) {
+    work(quantized_here(p, M), 0);
+    return;
+  }
+  const unsigned csr = _mm_getcsr();
+#pragma omp parallel num_threads(T)
+  {
+    CsrScope cs(csr);
+    const int team = omp_get_num_threads();
+    const LinParams pt = quantized_here(p, M);
+    for (int tid = omp_get_thread_num(); tid < T; tid += team) work(pt, tid);
+  }
+}
+
 static void run_linear(const LinParams& p, int64_t M) {
   const Kernels& k = K();
   const int64_t P = (p.N + 31) / 32;
@@ -314,29 +336,12 @@ static void run_linear(const LinParams& p, int64_t M) {
   int tm = std::max(1, T / tn);
   if (tm > M) tm = (int)M;
   T = tn * tm;
-  if (T == 1) {
-    k.linear_tile(quantized_here(p, M), 0, M, 0, P);
-    return;
-  }
-  const unsigned csr = _mm_getcsr();
-#pragma omp parallel num_threads(T)
-  {
-    CsrScope cs(csr);
-    // the T tiles over whatever team the runtime gave (it may give fewer threads than asked: nested regions,
-    // dynamic teams, a second OpenMP runtime in the process); a tile's result does not depend on its thread
-    const int team = omp_get_num_threads();
-    // W8A8: each thread quantises every row into its own buffers (a row's codes do not depend on who makes
-    // them). A tile reads all rows' codes, one broadcast per row and quad in step with its dot products: codes
-    // another core wrote would reach it line by line from that core's cache, which at a verify block's rows
-    // costs more than quantising the rows twice; and no barrier.
-    const LinParams pt = quantized_here(p, M);
-    for (int tid = omp_get_thread_num(); tid < T; tid += team) {
-      int64_t m0, m1, p0, p1;
-      balanced(M, tm, tid % tm, m0, m1);
-      balanced(P, tn, tid / tm, p0, p1);
-      if (m1 > m0 && p1 > p0) k.linear_tile(pt, m0, m1, p0, p1);
-    }
-  }
+  run_tiles(p, M, T, [&](const LinParams& pt, int tid) {
+    int64_t m0, m1, p0, p1;
+    balanced(M, tm, tid % tm, m0, m1);
+    balanced(P, tn, tid / tm, p0, p1);
+    if (m1 > m0 && p1 > p0) k.linear_tile(pt, m0, m1, p0, p1);
+  });
 }
 
 // x as fp32 rows for the kernels: a float x as it is (made contiguous only where its rows are not), a bf16 x
@@ -518,22 +523,11 @@ static void run_linear_silu(const LinParams& p, int64_t M, int64_t inter, int64_
   int T = nthreads();
   if (double(M) * double(2 * Pg * 32) * double(p.chunk_len * p.nchunks) < 1.0e5) T = 1;  // as run_linear
   T = (int)std::min<int64_t>(T, Pg);
-  if (T == 1) {
-    share(quantized_here(p, M), 0, Pg);
-    return;
-  }
-  const unsigned csr = _mm_getcsr();
-#pragma omp parallel num_threads(T)
-  {
-    CsrScope cs(csr);
-    const int team = omp_get_num_threads();
-    const LinParams pt = quantized_here(p, M);
-    for (int tid = omp_get_thread_num(); tid < T; tid += team) {
-      int64_t g0, g1;
-      balanced(Pg, T, tid, g0, g1);
-      if (g1 > g0) share(pt, g0, g1);
-    }
-  }
+  run_tiles(p, M, T, [&](const LinParams& pt, int tid) {
+    int64_t g0, g1;
+    balanced(Pg, T, tid, g0, g1);
+    if (g1 > g0) share(pt, g0, g1);
+  });
 }
 
 static at::Tensor bi_linear_silu(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t inter,
