@@ -294,6 +294,13 @@ static LinParams quantized_here(const LinParams& p, int64_t M);
 // into the running thread's own buffers (W8A8): a tile reads all rows' codes, one broadcast per row and quad in
 // step with its dot products, and codes another core wrote would reach it line by line from that core's cache,
 // which at a verify block's rows costs more than quantising the rows twice; nor is a barrier left.
+// The threads for a linear of M rows and P panels: one below ~1e5 multiply-adds, where the fork/join costs more
+// than a second thread saves; above it a decode row's weights stream faster on all (cold 576 x 576 at one row:
+// bf16 35.6 -> 27.1 us, w8a8 21.8 -> 17.8 us)
+static int linear_threads(const LinParams& p, int64_t M, int64_t P) {
+  return double(M) * double(P * 32) * double(p.chunk_len * p.nchunks) < 1.0e5 ? 1 : nthreads();
+}
+
 template <class F>
 static void run_tiles(const LinParams& p, int64_t M, int T, F&& work) {
   if (T == 1) {
@@ -327,11 +334,7 @@ static void run_linear(const LinParams& p, int64_t M) {
       }
     return;
   }
-  int T = nthreads();
-  const double macs = double(M) * double(P * 32) * double(p.chunk_len * p.nchunks);
-  // below ~1e5 multiply-adds the fork/join costs more than a second thread saves; above it a decode row's
-  // weights stream faster on two (cold 576 x 576 at one row: bf16 35.6 -> 27.1 us, w8a8 21.8 -> 17.8 us)
-  if (macs < 1.0e5) T = 1;
+  int T = linear_threads(p, M, P);
   int tn = (int)std::min<int64_t>(T, P);
   int tm = std::max(1, T / tn);
   if (tm > M) tm = (int)M;
@@ -520,9 +523,7 @@ static void run_linear_silu(const LinParams& p, int64_t M, int64_t inter, int64_
     st.C = c1 - c0;
     k.silu_rows(st, 0, M);
   };
-  int T = nthreads();
-  if (double(M) * double(2 * Pg * 32) * double(p.chunk_len * p.nchunks) < 1.0e5) T = 1;  // as run_linear
-  T = (int)std::min<int64_t>(T, Pg);
+  const int T = (int)std::min<int64_t>(linear_threads(p, M, 2 * Pg), Pg);
   run_tiles(p, M, T, [&](const LinParams& pt, int tid) {
     int64_t g0, g1;
     balanced(Pg, T, tid, g0, g1);
