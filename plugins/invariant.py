@@ -80,6 +80,9 @@ def _register_fakes() -> None:
     reg("bi_linear", lambda x, packed, n, bias=None, k_splits=1, wscale=None: x.new_empty((x.shape[0], n)))
     reg("bi_linear_silu", lambda x, packed, n, inter, up_col, bias=None, k_splits=1, wscale=None:
         x.new_empty((x.shape[0], inter)))
+    reg("bi_norm_linear", lambda x, residual, weight, eps, packed, n, bias, k_splits, wscale, inter, up_col: (
+        x.new_empty((x.shape[0], inter if inter > 0 else n), dtype=torch.promote_types(x.dtype, weight.dtype)),
+        x.new_empty(x.shape if residual is not None else (0,))))
     reg("bi_linear_partial", lambda x, packed, n, chunk_begin, chunk_end, k_splits, wscale=None:
         x.new_empty((x.shape[0], n), dtype=torch.float32))
     reg("bi_rms_norm", lambda x, weight, eps: x.new_empty(
@@ -274,6 +277,18 @@ def linear_silu(x: torch.Tensor, packed: PackedLinear, inter: int, up_col: int, 
     """silu_mul(y[:, :inter], y[:, up_col:up_col + inter]) of y = linear(x, packed, bias, k_splits), x [M, K], in
     one op (a fused gate|up projection, up starting at a panel boundary: plugins/layer.py concat_packed)."""
     return _ops().bi_linear_silu(_rows(x), packed.data, packed.n, inter, up_col, bias, k_splits, packed.scale)
+
+
+def norm_linear(x: torch.Tensor, weight: torch.Tensor, eps: float, packed: PackedLinear,
+                bias: torch.Tensor | None = None, k_splits: int = 1, residual: torch.Tensor | None = None,
+                inter: int = 0, up_col: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(linear(rms_norm(x + residual, weight, eps), packed, bias, k_splits), x + residual) in one op, x [M, H];
+    with inter > 0 the first is linear_silu's SiLU(gate) * up instead. The second is None without a residual.
+    Each thread norms every row itself, so the normed rows never cross between cores; the bits are the
+    op-by-op path's."""
+    y, x1 = _ops().bi_norm_linear(_rows(x), residual if residual is None else _rows(residual), weight, eps,
+                                  packed.data, packed.n, bias, k_splits, packed.scale, inter, up_col)
+    return y, (x1 if residual is not None else None)
 
 
 def greedy_head(x: torch.Tensor, pairs: bool, out_idx: torch.Tensor, screen: PackedLinear, chunks: int,

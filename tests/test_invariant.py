@@ -486,6 +486,41 @@ def test_linear_silu_is_the_linear_then_silu_mul(kind):
         bi.linear_silu(x, cat.packed, inter, up - 8)
 
 
+@pytest.mark.parametrize("kind", ["fp32", "bf16", "bf16_pairs", "w8a8"])
+def test_norm_linear_is_the_norm_then_the_linear(kind):
+    """rms_norm (with a residual add or without) and then a linear, or a gate|up linear and its SiLU, in one op
+    whose threads each norm every row themselves: exactly rms_norm / add_rms_norm, then linear / linear_silu, and
+    x + residual whole, at one and two threads and every row count."""
+    from dflash_trt.plugins import layer
+
+    k, inter = 576, 200
+    pack = {"fp32": bi.pack_linear, "bf16": lambda w: bi.pack_linear(w, torch.bfloat16),
+            "bf16_pairs": bi.pack_linear_bf16_pairs, "w8a8": bi.pack_linear_w8a8}[kind]
+    plain = pack(_randn(96, k, seed=130))
+    cat = layer.concat_packed([pack(_randn(inter, k, seed=131)), pack(_randn(inter, k, seed=132))])
+    up = cat.cols[1]
+    bias = _randn(96, seed=133)
+    dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    w = (1 + 0.1 * _randn(k, seed=134)).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        for th in (1, 2):
+            torch.set_num_threads(th)
+            for m in (1, 3, 8, 17):
+                x, r = _randn(m, k, seed=135 + m, dtype=dtype), _randn(m, k, seed=155 + m, dtype=dtype)
+                h = bi.rms_norm(x, w, 1e-5)
+                y, none = bi.norm_linear(x, w, 1e-5, plain, bias)
+                assert none is None and _same(y, bi.linear(h, plain, bias)), (th, m)
+                h2, s = bi.add_rms_norm(x, r, w, 1e-5)
+                act, x1 = bi.norm_linear(x, w, 1e-5, cat.packed, residual=r, inter=inter, up_col=up)
+                assert _same(x1, s), (th, m)
+                assert _same(act, bi.linear_silu(h2, cat.packed, inter, up)), (th, m)
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="panel boundary"):
+        bi.norm_linear(x, w, 1e-5, cat.packed, inter=inter, up_col=up - 8)
+
+
 # ---- attention --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (4, 2, 128), (4, 4, 72)])

@@ -301,23 +301,27 @@ static int linear_threads(const LinParams& p, int64_t M, int64_t P) {
   return double(M) * double(P * 32) * double(p.chunk_len * p.nchunks) < 1.0e5 ? 1 : nthreads();
 }
 
-template <class F>
-static void run_tiles(const LinParams& p, int64_t M, int T, F&& work) {
+// rows(p, idx, team) gives p with the x rows the running thread (idx of team) reads: p itself (same_rows), or rows
+// the thread made itself (bi_norm_linear).
+template <class F, class R>
+static void run_tiles(const LinParams& p, int64_t M, int T, F&& work, R&& rows) {
   if (T == 1) {
-    work(quantized_here(p, M), 0);
+    work(quantized_here(rows(p, 0, 1), M), 0);
     return;
   }
   const unsigned csr = _mm_getcsr();
 #pragma omp parallel num_threads(T)
   {
     CsrScope cs(csr);
-    const int team = omp_get_num_threads();
-    const LinParams pt = quantized_here(p, M);
-    for (int tid = omp_get_thread_num(); tid < T; tid += team) work(pt, tid);
+    const int team = omp_get_num_threads(), idx = omp_get_thread_num();
+    const LinParams pt = quantized_here(rows(p, idx, team), M);
+    for (int tid = idx; tid < T; tid += team) work(pt, tid);
   }
 }
+static const auto same_rows = [](const LinParams& p, int, int) { return p; };
 
-static void run_linear(const LinParams& p, int64_t M) {
+template <class R>
+static void run_linear(const LinParams& p, int64_t M, R&& rows) {
   const Kernels& k = K();
   const int64_t P = (p.N + 31) / 32;
   if (M == 0 || P == 0) return;
@@ -344,8 +348,9 @@ static void run_linear(const LinParams& p, int64_t M) {
     balanced(M, tm, tid % tm, m0, m1);
     balanced(P, tn, tid / tm, p0, p1);
     if (m1 > m0 && p1 > p0) k.linear_tile(pt, m0, m1, p0, p1);
-  });
+  }, rows);
 }
+static void run_linear(const LinParams& p, int64_t M) { run_linear(p, M, same_rows); }
 
 // x as fp32 rows for the kernels: a float x as it is (made contiguous only where its rows are not), a bf16 x
 // widened into a per-thread buffer (exact: bf16 -> fp32 is a shift), without an ATen allocation per call
@@ -444,31 +449,28 @@ static void check_packed(const at::Tensor& packed, int64_t n) {
               packed.size(0));
 }
 
-// y = x W^T + bias's parameters, with bi_linear's checks (op: the name in their messages); xr and bf keep x's
-// rows and the fp32 bias alive, y is made here
-static LinParams linear_params(const char* op, const at::Tensor& x, const at::Tensor& packed, int64_t n,
-                               const c10::optional<at::Tensor>& bias, int64_t k_splits,
-                               const c10::optional<at::Tensor>& wscale, XRows& xr, at::Tensor& bf, at::Tensor& y) {
-  TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), op, ": CPU tensors only");
-  TORCH_CHECK(x.dim() == 2, op, ": x must be [M, K]");
+// y = x W^T + bias's parameters for x of M rows of Kx columns in xo's dtype, with bi_linear's checks (op: the
+// name in their messages), x's rows not set; bf keeps the fp32 bias alive, y is made here
+static LinParams linear_params_rows_unset(const char* op, int64_t M, int64_t Kx, at::TensorOptions xo,
+                                          const at::Tensor& packed, int64_t n, const c10::optional<at::Tensor>& bias,
+                                          int64_t k_splits, const c10::optional<at::Tensor>& wscale, at::Tensor& bf,
+                                          at::Tensor& y) {
+  TORCH_CHECK(packed.device().is_cpu(), op, ": CPU tensors only");
   check_packed(packed, n);
   const int64_t Kp = packed_k(packed);
-  TORCH_CHECK(x.size(1) == Kp, op, ": x has K=", x.size(1), " but the weight has K=", Kp);
+  TORCH_CHECK(Kx == Kp, op, ": x has K=", Kx, " but the weight has K=", Kp);
   TORCH_CHECK(k_splits == 1 || k_splits == 2 || k_splits == 4 || k_splits == 8,
               op, ": k_splits must be 1, 2, 4 or 8");
   TORCH_CHECK(Kp % k_splits == 0, op, ": K=", Kp, " not divisible by k_splits=", k_splits);
-  int yt = dtype_code(x, "x");
-  xr = x_rows(x, weight_code(packed));
+  TORCH_CHECK(xo.dtype() == at::kFloat || xo.dtype() == at::kBFloat16, "bi: x must be float32 or bfloat16, got ",
+              xo.dtype());
+  const int yt = xo.dtype() == at::kFloat ? F32 : BF16;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, op, ": bias must have n elements");
     bf = bias->to(at::kFloat).contiguous();
   }
-  const int64_t M = x.size(0);
-  y = at::empty({M, n}, x.options());
+  y = at::empty({M, n}, xo);
   LinParams p{};
-  p.x = xr.x;
-  p.xh = xr.xh;
-  p.ldx = xr.ldx;
   p.xk0 = 0;
   p.w = packed.data_ptr();
   p.wt = weight_code(packed);
@@ -488,6 +490,22 @@ static LinParams linear_params(const char* op, const at::Tensor& x, const at::Te
   return p;
 }
 
+// linear_params_rows_unset for x itself, its rows set; xr keeps them alive
+static LinParams linear_params(const char* op, const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                               const c10::optional<at::Tensor>& bias, int64_t k_splits,
+                               const c10::optional<at::Tensor>& wscale, XRows& xr, at::Tensor& bf, at::Tensor& y) {
+  TORCH_CHECK(x.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(x.dim() == 2, op, ": x must be [M, K]");
+  dtype_code(x, "x");
+  LinParams p = linear_params_rows_unset(op, x.size(0), x.size(1), x.options(), packed, n, bias, k_splits, wscale,
+                                         bf, y);
+  xr = x_rows(x, p.wt);
+  p.x = xr.x;
+  p.xh = xr.xh;
+  p.ldx = xr.ldx;
+  return p;
+}
+
 static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
                             const c10::optional<at::Tensor>& bias, int64_t k_splits,
                             const c10::optional<at::Tensor>& wscale) {
@@ -502,7 +520,8 @@ static at::Tensor bi_linear(const at::Tensor& x, const at::Tensor& packed, int64
 // and then SiLU(gate) * up: each thread computes the gate panels of its share of the columns, the up panels of
 // the same columns and their SiLU * up, so the gate and up values stay in the core that made them and the SiLU
 // needs no fork/join of its own. Every tile and every element is what bi_linear and bi_silu_mul compute.
-static void run_linear_silu(const LinParams& p, int64_t M, int64_t inter, int64_t up_col, void* act) {
+template <class R>
+static void run_linear_silu(const LinParams& p, int64_t M, int64_t inter, int64_t up_col, void* act, R&& rows) {
   const Kernels& k = K();
   const int64_t Pg = (inter + 31) / 32, Pu = up_col / 32;
   const int64_t es = p.yt == BF16 ? 2 : 4;
@@ -528,7 +547,7 @@ static void run_linear_silu(const LinParams& p, int64_t M, int64_t inter, int64_
     int64_t g0, g1;
     balanced(Pg, T, tid, g0, g1);
     if (g1 > g0) share(pt, g0, g1);
-  });
+  }, rows);
 }
 
 static at::Tensor bi_linear_silu(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t inter,
@@ -542,8 +561,95 @@ static at::Tensor bi_linear_silu(const at::Tensor& x, const at::Tensor& packed, 
   const LinParams p = linear_params("bi_linear_silu", x, packed, n, bias, k_splits, wscale, xr, bf, y);
   TORCH_CHECK(p.chunk_len > 0, "bi_linear_silu: x must have columns");
   at::Tensor act = at::empty({x.size(0), inter}, x.options());
-  run_linear_silu(p, x.size(0), inter, up_col, act.data_ptr());
+  run_linear_silu(p, x.size(0), inter, up_col, act.data_ptr(), same_rows);
   return act;
+}
+
+// linear(rms_norm(x + residual)) (SiLU(gate) * up of it where inter > 0, as bi_linear_silu) and x + residual,
+// in one team: each thread norms every row into its own buffers and reads them for its tiles, so the normed rows
+// never cross between the cores and the norm needs no fork/join of its own (a row's norm does not depend on who
+// computes it, and every tile is what bi_linear computes on bi_rms_norm's output). x + residual is written by
+// rows, each thread its share of them, and is empty where there is no residual. The output dtype is the norm's,
+// promote(x, weight), as the op-by-op path's linear takes it.
+static std::tuple<at::Tensor, at::Tensor> bi_norm_linear(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                                         const at::Tensor& weight, double eps,
+                                                         const at::Tensor& packed, int64_t n,
+                                                         const c10::optional<at::Tensor>& bias, int64_t k_splits,
+                                                         const c10::optional<at::Tensor>& wscale, int64_t inter,
+                                                         int64_t up_col) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.stride(1) == 1 && weight.dim() == 1 &&
+                  weight.size(0) == x.size(1),
+              "bi_norm_linear: x must be CPU [M, H] rows of contiguous columns and weight [H]");
+  const int xt = dtype_code(x, "x"), wt = dtype_code(weight, "weight");
+  const int yt = xt == BF16 && wt == BF16 ? BF16 : F32;
+  const int64_t M = x.size(0), H = x.size(1);
+  const at::Tensor w = weight.contiguous();
+  NormParams np{};
+  np.x = x.data_ptr(); np.xt = xt; np.ldx = M > 1 ? x.stride(0) : H;
+  np.w = w.data_ptr(); np.wt = wt;
+  np.yt = yt; np.ldy = H;
+  np.H = H;
+  np.eps = (float)eps;
+  at::Tensor x1 = at::empty({0}, x.options());
+  if (residual.has_value() && residual->defined()) {
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type() &&
+                    residual->stride(1) == 1,
+                "bi_norm_linear: residual must match x in shape and dtype, with contiguous columns");
+    np.r = residual->data_ptr(); np.ldr = M > 1 ? residual->stride(0) : H;
+    x1 = at::empty({M, H}, x.options());
+  }
+  at::Tensor bf, y;
+  LinParams p = linear_params_rows_unset("bi_norm_linear", M, H, x.options().dtype(yt == BF16 ? at::kBFloat16
+                                                                                             : at::kFloat),
+                                         packed, n, bias, k_splits, wscale, bf, y);
+  TORCH_CHECK(inter <= 0 || (up_col % 32 == 0 && up_col >= (inter + 31) / 32 * 32 && up_col + inter <= n),
+              "bi_norm_linear: gate must be columns [0, inter) and up start at a panel boundary up_col past "
+              "gate's panels, within n (got inter ", inter, ", up_col ", up_col, ", n ", n, ")");
+  at::Tensor act = inter > 0 ? at::empty({M, inter}, y.options()) : at::Tensor();
+  if (M == 0) return {inter > 0 ? act : y, x1};
+  const Kernels& k = K();
+  const size_t ye = yt == BF16 ? 2 : 4, xe = xt == BF16 ? 2 : 4;
+  char* x1p = x1.numel() ? (char*)x1.data_ptr() : nullptr;
+  // the running thread's normed rows (and its x + residual), as x_rows would give the normed tensor's
+  auto rows = [&](const LinParams& q, int idx, int team) {
+    thread_local std::vector<uint32_t> hb, sb, wb;
+    hb.resize((M * H * ye + 3) / 4);
+    NormParams t = np;
+    t.y = hb.data();
+    if (np.r) {
+      sb.resize((M * H * xe + 3) / 4);
+      t.ro = sb.data();
+      t.ldro = H;
+    }
+    k.norm_rows(t, 0, M);
+    if (np.r) {
+      int64_t r0, r1;
+      balanced(M, team, idx, r0, r1);
+      if (r1 > r0) std::memcpy(x1p + r0 * H * xe, (const char*)sb.data() + r0 * H * xe, (size_t)((r1 - r0) * H * xe));
+    }
+    LinParams o = q;
+    o.ldx = H;
+    o.x = nullptr;
+    o.xh = nullptr;
+    if (yt == BF16 && (q.wt == BF16P || q.wt == I8Q)) {
+      o.xh = (const uint16_t*)hb.data();
+    } else if (yt == BF16) {  // widened, exactly
+      wb.resize((size_t)(M * H));
+      const uint16_t* h = (const uint16_t*)hb.data();
+      uint32_t* d = wb.data();
+      for (int64_t i = 0; i < M * H; ++i) d[i] = (uint32_t)h[i] << 16;
+      o.x = (const float*)d;
+    } else {
+      o.x = (const float*)hb.data();
+    }
+    return o;
+  };
+  if (inter <= 0) {
+    run_linear(p, M, rows);
+    return {y, x1};
+  }
+  run_linear_silu(p, M, inter, up_col, act.data_ptr(), rows);
+  return {act, x1};
 }
 
 static at::Tensor bi_linear_partial(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t chunk_begin,
@@ -1178,6 +1284,8 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.def("bi_linear_partial(Tensor x, Tensor packed, int n, int chunk_begin, int chunk_end, int k_splits, "
         "Tensor? wscale=None) -> Tensor");
   m.def("bi_rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("bi_norm_linear(Tensor x, Tensor? residual, Tensor weight, float eps, Tensor packed, int n, Tensor? bias, "
+        "int k_splits, Tensor? wscale, int inter, int up_col) -> (Tensor, Tensor)");
   m.def("bi_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
   m.def("bi_silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("bi_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start, Tensor q_len, "
@@ -1194,6 +1302,7 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
 TORCH_LIBRARY_IMPL(dflash_trt, CPU, m) {
   m.impl("bi_linear", &bi::bi_linear);
   m.impl("bi_linear_silu", &bi::bi_linear_silu);
+  m.impl("bi_norm_linear", &bi::bi_norm_linear);
   m.impl("bi_linear_partial", &bi::bi_linear_partial);
   m.impl("bi_rms_norm", &bi::bi_rms_norm);
   m.impl("bi_add_rms_norm", &bi::bi_add_rms_norm);

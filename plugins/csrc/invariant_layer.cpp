@@ -1,7 +1,8 @@
 // One op per dense decoder layer (Llama / SmolLM2 / Qwen3) on the batch-invariant CPU kernels:
-//   h = rms_norm(x); qkv = linear(h) (one fused GEMV); [q/k norm]; rope; K/V written to their cache slots;
-//   o = paged_attention; x1 = x + o_proj(o); h2 = rms_norm(x1); act = silu(gate) * up of linear(h2) (gate and
-//   up fused, the SiLU in the same op); out = x1 + down_proj(act)
+//   qkv = linear(rms_norm(x)) (one op: bi_norm_linear, the QKV projections fused); [q/k norm]; rope; K/V written
+//   to their cache slots; o = paged_attention; x1 = x + o_proj(o); act = silu(gate) * up of linear(rms_norm(x1))
+//   (one op: the add, the norm, the fused gate|up projection and the SiLU); out = x1 + down_proj(act), an add
+//   that the next layer's bi_norm_linear makes (fused_decoder_stack)
 // It exists to take the Python and small-op overhead out of a decode step: the kernels themselves are the
 // dflash_trt::bi_* ops of invariant.cpp, called through typed dispatcher handles looked up once, so this file
 // computes nothing that could round differently from the op-by-op path except rope, the K/V write and the
@@ -35,9 +36,9 @@ using OptT = c10::optional<Tensor>;
 
 struct Handles {
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, int64_t, const OptT&, int64_t, const OptT&)> linear;
-  c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, const OptT&, int64_t,
-                                  const OptT&)>
-      linear_silu;
+  c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(const Tensor&, const OptT&, const Tensor&, double, const Tensor&,
+                                                       int64_t, const OptT&, int64_t, const OptT&, int64_t, int64_t)>
+      norm_linear;
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, double)> rms_norm;
   c10::TypedOperatorHandle<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)> add_norm;
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
@@ -52,9 +53,9 @@ static const Handles& H() {
     return Handles{
         d.findSchemaOrThrow("dflash_trt::bi_linear", "")
             .typed<Tensor(const Tensor&, const Tensor&, int64_t, const OptT&, int64_t, const OptT&)>(),
-        d.findSchemaOrThrow("dflash_trt::bi_linear_silu", "")
-            .typed<Tensor(const Tensor&, const Tensor&, int64_t, int64_t, int64_t, const OptT&, int64_t,
-                          const OptT&)>(),
+        d.findSchemaOrThrow("dflash_trt::bi_norm_linear", "")
+            .typed<std::tuple<Tensor, Tensor>(const Tensor&, const OptT&, const Tensor&, double, const Tensor&,
+                                              int64_t, const OptT&, int64_t, const OptT&, int64_t, int64_t)>(),
         d.findSchemaOrThrow("dflash_trt::bi_rms_norm", "").typed<Tensor(const Tensor&, const Tensor&, double)>(),
         d.findSchemaOrThrow("dflash_trt::bi_add_rms_norm", "")
             .typed<std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, double)>(),
@@ -76,9 +77,12 @@ struct Proj {  // one packed linear (plugins/invariant.py PackedLinear) and its 
   OptT bias, scale;
   int64_t k_splits = 1;
   Tensor run(const Tensor& x) const { return H().linear.call(x, data, n, bias, k_splits, scale); }
-  // gate in columns [0, inter), up from up_col: SiLU(gate) * up, [T, inter]
-  Tensor run_silu(const Tensor& x, int64_t inter, int64_t up_col) const {
-    return H().linear_silu.call(x, data, n, inter, up_col, bias, k_splits, scale);
+  // on rms_norm(x + residual) (weight w), each thread norming the rows itself; inter > 0: gate in columns
+  // [0, inter), up from up_col, and SiLU(gate) * up [T, inter] returned. Returns the output and x + residual
+  // (empty without a residual)
+  std::tuple<Tensor, Tensor> run_normed(const Tensor& x, const OptT& residual, const Tensor& w, double eps,
+                                        int64_t inter = 0, int64_t up_col = 0) const {
+    return H().norm_linear.call(x, residual, w, eps, data, n, bias, k_splits, scale, inter, up_col);
   }
 };
 
@@ -265,12 +269,19 @@ static void attention_inputs(const FusedLayer& L, const Tensor& qkv, const Tenso
 
 // ---- the op -----------------------------------------------------------------------------------------------------
 
-static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_in, const Tensor& sin_in,
-                        const Tensor& k_cache, const Tensor& v_cache, const Tensor& slot_mapping,
-                        const Tensor& q_start, const Tensor& q_len, const Tensor& kv_len, const Tensor& kv_slots,
-                        const Tensor& kv_offsets) {
-  const auto dt = x.scalar_type();
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2, "fused_decoder_layer: x must be a CPU [T, hidden] tensor");
+// A layer's output is x1 + d, left to whoever reads it next: the next layer's input norm forms the sum in each of
+// its threads (a single crossing of d between the cores instead of one into a serial add and one out of it). x is
+// the layer's input, a + b where b is given (the previous layer's x1 and d), else a.
+struct LayerOut {
+  Tensor d, x1, x;
+};
+
+static LayerOut run_layer(const FusedLayer& L, const Tensor& a, const OptT& b, const Tensor& cos_in,
+                          const Tensor& sin_in, const Tensor& k_cache, const Tensor& v_cache,
+                          const Tensor& slot_mapping, const Tensor& q_start, const Tensor& q_len,
+                          const Tensor& kv_len, const Tensor& kv_slots, const Tensor& kv_offsets) {
+  const auto dt = a.scalar_type();
+  TORCH_CHECK(a.device().is_cpu() && a.dim() == 2, "fused_decoder_layer: x must be a CPU [T, hidden] tensor");
   TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16, "fused_decoder_layer: x must be float32 or bfloat16");
   TORCH_CHECK(cos_in.scalar_type() == dt && sin_in.scalar_type() == dt, "fused_decoder_layer: cos/sin dtype");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
@@ -278,7 +289,7 @@ static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_
                   k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   k_cache.size(-1) == L.head_dim && k_cache.size(-2) == L.kv_heads,
               "fused_decoder_layer: caches must be contiguous float32/bfloat16 [..., kv_heads, head_dim]");
-  const int64_t nt = x.size(0), D = L.head_dim;
+  const int64_t nt = a.size(0), D = L.head_dim;
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == nt,
               "fused_decoder_layer: slot_mapping must be int64 with one slot per row");
   const Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous(), slots = slot_mapping.contiguous();
@@ -287,8 +298,9 @@ static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_
   const Handles& h = H();
 
   // attention block
-  const Tensor hn = h.rms_norm.call(x, L.in_norm, L.eps);
-  const Tensor qkv = L.qkv.run(hn);  // [T, padded q | k | v columns], x's dtype
+  // attention block: qkv [T, padded q | k | v columns] on rms_norm(x), x = a + b formed in the same op
+  const auto [qkv, xs] = L.qkv.run_normed(a, b, L.in_norm, L.eps);
+  const Tensor x = b ? xs : a;
   Tensor qn, kn;
   if (L.q_norm.numel()) {
     qn = h.rms_norm.call(qkv.narrow(1, 0, L.heads * D).view({nt, L.heads, D}), L.q_norm, L.qk_eps);
@@ -306,16 +318,18 @@ static Tensor run_layer(const FusedLayer& L, const Tensor& x, const Tensor& cos_
                                       L.attn_scale, L.causal);
   const Tensor o = L.o.run(att.view({nt, L.heads * D}));
 
-  // MLP block: x1 = x + o and its norm in one pass (the sum rounded to x's dtype first, as `x + o` is)
-  auto [h2, x1] = h.add_norm.call(o, x, L.post_norm, L.eps);
-  return residual_add(x1, L.down.run(L.gate_up.run_silu(h2, L.inter, L.up_col)));
+  // MLP block: x1 = x + o (rounded to x's dtype first, as `x + o` is), its norm, gate|up and SiLU in one op
+  auto [act, x1] = L.gate_up.run_normed(o, x, L.post_norm, L.eps, L.inter, L.up_col);
+  return {L.down.run(act), x1, x};
 }
 
 static Tensor fused_decoder_layer(const c10::intrusive_ptr<FusedLayer>& st, const Tensor& x, const Tensor& cos,
                                   const Tensor& sin, const Tensor& k_cache, const Tensor& v_cache,
                                   const Tensor& slot_mapping, const Tensor& q_start, const Tensor& q_len,
                                   const Tensor& kv_len, const Tensor& kv_slots, const Tensor& kv_offsets) {
-  return run_layer(*st, x, cos, sin, k_cache, v_cache, slot_mapping, q_start, q_len, kv_len, kv_slots, kv_offsets);
+  const LayerOut r = run_layer(*st, x, OptT(), cos, sin, k_cache, v_cache, slot_mapping, q_start, q_len, kv_len,
+                               kv_slots, kv_offsets);
+  return residual_add(r.x1, r.d);
 }
 
 // A model's consecutive fused layers, run by one op: a decode step crosses from Python into C++ once instead of
@@ -359,14 +373,23 @@ static std::vector<Tensor> fused_decoder_stack(const c10::intrusive_ptr<FusedSta
               "fused_decoder_stack: one K and one V cache per layer");
   for (int64_t c : capture) TORCH_CHECK(c >= 0 && c < n, "fused_decoder_stack: capture layer ", c, " out of range");
   std::vector<Tensor> kept(capture.size());
-  Tensor h = x;
-  for (int64_t l = 0; l < n; ++l) {
-    h = run_layer(*layers[l], h, cos, sin, k_caches[l], v_caches[l], slot_mapping, q_start, q_len, kv_len,
-                  kv_slots, kv_offsets);
-    if (l == n - 1 && st->final_norm.defined()) h = H().rms_norm.call(h, st->final_norm, st->final_eps);
+  auto keep = [&](int64_t l, const Tensor& h) {
     for (size_t j = 0; j < capture.size(); ++j)
       if (capture[j] == l) kept[j] = h;
+  };
+  Tensor a = x;  // each layer's input is a + b (b: none for the first)
+  OptT b;
+  for (int64_t l = 0; l < n; ++l) {
+    const LayerOut r = run_layer(*layers[l], a, b, cos, sin, k_caches[l], v_caches[l], slot_mapping, q_start,
+                                 q_len, kv_len, kv_slots, kv_offsets);
+    if (l > 0) keep(l - 1, r.x);
+    a = r.d;
+    b = r.x1;
   }
+  // the last layer's output x1 + d (d + x1: the same bits), and the final norm in the same pass
+  const Tensor h = st->final_norm.defined() ? std::get<0>(H().add_norm.call(a, *b, st->final_norm, st->final_eps))
+                                            : residual_add(*b, a);
+  keep(n - 1, h);
   std::vector<Tensor> out{h};
   if (!kept.empty()) out.push_back(at::cat(kept, -1));
   return out;
