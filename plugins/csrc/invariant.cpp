@@ -860,16 +860,17 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
   }
   // items: (sequence, first head, heads, first row, end row): up to 16 query heads of one KV group, for rows
   // split as evenly as <= 16 queries an item allows (equal items keep the threads equally busy). A sequence's
-  // items are adjacent, rows outer, heads inner.
+  // items are adjacent, KV groups outer, rows inner: a group's row blocks read the same keys and values, which
+  // are still in the cache of a thread that takes them one after the other.
   constexpr int64_t QMAX = 16;
   const int64_t G = H / KVH, HB = std::min(G, QMAX), RB_MAX = std::max<int64_t>(1, QMAX / HB);
   std::vector<int32_t> items;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n_row_blocks = std::max<int64_t>(1, (qlp[b] + RB_MAX - 1) / RB_MAX);
     const int64_t RB = (qlp[b] + n_row_blocks - 1) / n_row_blocks;
-    for (int64_t r0 = 0; r0 < qlp[b]; r0 += RB)
-      for (int64_t g = 0; g < KVH; ++g)
-        for (int64_t hh = 0; hh < G; hh += HB) {
+    for (int64_t g = 0; g < KVH; ++g)
+      for (int64_t hh = 0; hh < G; hh += HB)
+        for (int64_t r0 = 0; r0 < qlp[b]; r0 += RB) {
           items.push_back((int32_t)b);
           items.push_back((int32_t)(g * G + hh));
           items.push_back((int32_t)std::min(HB, G - hh));
@@ -921,9 +922,17 @@ static at::Tensor bi_paged_attention(const at::Tensor& q, const at::Tensor& k_ca
 #pragma omp parallel num_threads(Tn)
     {
       CsrScope cs(csr);
-      float* s = sbase + (size_t)scr * omp_get_thread_num();
+      const int team = omp_get_num_threads(), idx = omp_get_thread_num();
+      float* s = sbase + (size_t)scr * idx;
+      if (B == 1 && n_items % team == 0) {
+        // one sequence's items are equal work: consecutive shares keep a group's row blocks on one thread
+        int64_t i0, i1;
+        balanced(n_items, team, idx, i0, i1);
+        k.attn_items(p, i0, i1, s);
+      } else {
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t c = 0; c < n_items; ++c) k.attn_items(p, c, c + 1, s);
+        for (int64_t c = 0; c < n_items; ++c) k.attn_items(p, c, c + 1, s);
+      }
     }
   }
   return out;
