@@ -1687,11 +1687,12 @@ BI_INLINE int row_block(int64_t t, int64_t nt, int base, int extra, int64_t& r) 
 // kernel takes its rows' codes flipped to xq - 128 (signed bytes: LinParams.xsq) and always with xc.
 typedef void (*LinqFn)(const uint8_t*, int64_t, const int32_t*, int64_t, int64_t, int32_t*, const int32_t*);
 #ifndef BI_PF_FAR
-// 128-byte k-steps of a weight panel (32 KiB) fetched ahead into L2 by tiles of 2+ rows, besides the near L1
+// 128-byte k-steps of a weight panel (16 KiB) fetched ahead into L2 by tiles of 2+ rows, besides the near L1
 // prefetch. The near one alone runs about one DRAM latency ahead, so a compute-bound tile of several rows waits
-// on memory between its dot products. A one-row tile is a pure stream the hardware prefetchers serve, where
-// the extra prefetches only take issue slots and fill buffers.
-#define BI_PF_FAR 256
+// on memory between its dot products; at a tile's pace 16 KiB covers that latency, and lines asked for farther
+// ahead only wait longer in L2 and in the memory queues. A one-row tile is a pure stream the hardware
+// prefetchers serve, where the extra prefetches only take issue slots and fill buffers.
+#define BI_PF_FAR 128
 #endif
 #if BI_KERNEL_PASS == 1
 enum { MRQ = 12, NPQ = 1 };
@@ -2053,7 +2054,7 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
       BI_UNROLL for (int j = 0; j < NP; ++j) {
         vload_bfpair(wp[j] + k * 16, b[j][0], b[j][1]);
         _mm_prefetch((const char*)(wp[j] + (k + 16) * 16), _MM_HINT_T0);  // one line per k, 1 KiB ahead
-        if (MR > 1) _mm_prefetch((const char*)(wp[j] + (k + 2 * BI_PF_FAR) * 16), _MM_HINT_T1);  // and into L2, 32 KiB ahead
+        if (MR > 1) _mm_prefetch((const char*)(wp[j] + (k + 2 * BI_PF_FAR) * 16), _MM_HINT_T1);  // and into L2
       }
       BI_UNROLL for (int m = 0; m < MR; ++m) {
         V16 a = vset1(xc[k * MR + m]);
