@@ -361,24 +361,26 @@ struct XRows {
   int64_t ldx;
   at::Tensor keep;
 };
-// x's rows for a weight of kind wt: a bf16 x for BF16P panels as it is (rounding a bf16 to bf16 changes nothing)
+// M bf16 rows of K (ld apart) as the kernels of a weight of kind wt read them: as they are for BF16P panels
+// (rounding a bf16 to bf16 changes nothing) and for I8Q (the quantiser widens as it reads), else widened into buf
+static XRows bf16_rows(const uint16_t* src, int64_t M, int64_t K, int64_t ld, int wt, std::vector<float>& buf) {
+  if (wt == BF16P || wt == I8Q) return {nullptr, src, ld, at::Tensor()};
+  if ((int64_t)buf.size() < M * K) buf.resize(M * K);
+  // through local pointers: indexing a thread_local vector in the loop re-reads its address every element
+  uint32_t* dst = (uint32_t*)buf.data();
+  for (int64_t m = 0; m < M; ++m) {
+    const uint16_t* s = src + m * ld;
+    uint32_t* d = dst + m * K;
+    for (int64_t k = 0; k < K; ++k) d[k] = (uint32_t)s[k] << 16;
+  }
+  return {buf.data(), nullptr, K, at::Tensor()};
+}
+// x's rows for a weight of kind wt
 static XRows x_rows(const at::Tensor& x, int wt) {
   const int64_t M = x.size(0), K = x.size(1);
-  if ((wt == BF16P || wt == I8Q) && x.scalar_type() == at::kBFloat16 && x.stride(1) == 1)
-    return {nullptr, (const uint16_t*)x.data_ptr(), M > 1 ? x.stride(0) : K, at::Tensor()};
   if (x.scalar_type() == at::kBFloat16 && x.stride(1) == 1) {
     thread_local std::vector<float> buf;
-    if ((int64_t)buf.size() < M * K) buf.resize(M * K);
-    const int64_t ld = M > 1 ? x.stride(0) : K;
-    const uint16_t* src = (const uint16_t*)x.data_ptr();
-    // through local pointers: indexing the thread_local vector in the loop re-reads its address every element
-    uint32_t* dst = (uint32_t*)buf.data();
-    for (int64_t m = 0; m < M; ++m) {
-      const uint16_t* s = src + m * ld;
-      uint32_t* d = dst + m * K;
-      for (int64_t k = 0; k < K; ++k) d[k] = (uint32_t)s[k] << 16;
-    }
-    return {buf.data(), nullptr, K, at::Tensor()};
+    return bf16_rows((const uint16_t*)x.data_ptr(), M, K, M > 1 ? x.stride(0) : K, wt, buf);
   }
   at::Tensor xf = x_as_f32(x);
   return {xf.data_ptr<float>(), nullptr, M > 1 ? xf.stride(0) : K, xf};
@@ -496,7 +498,6 @@ static LinParams linear_params(const char* op, const at::Tensor& x, const at::Te
                                const c10::optional<at::Tensor>& wscale, XRows& xr, at::Tensor& bf, at::Tensor& y) {
   TORCH_CHECK(x.device().is_cpu(), op, ": CPU tensors only");
   TORCH_CHECK(x.dim() == 2, op, ": x must be [M, K]");
-  dtype_code(x, "x");
   LinParams p = linear_params_rows_unset(op, x.size(0), x.size(1), x.options(), packed, n, bias, k_splits, wscale,
                                          bf, y);
   xr = x_rows(x, p.wt);
@@ -612,7 +613,8 @@ static std::tuple<at::Tensor, at::Tensor> bi_norm_linear(const at::Tensor& x, co
   char* x1p = x1.numel() ? (char*)x1.data_ptr() : nullptr;
   // the running thread's normed rows (and its x + residual), as x_rows would give the normed tensor's
   auto rows = [&](const LinParams& q, int idx, int team) {
-    thread_local std::vector<uint32_t> hb, sb, wb;
+    thread_local std::vector<uint32_t> hb, sb;
+    thread_local std::vector<float> wb;
     hb.resize((M * H * ye + 3) / 4);
     NormParams t = np;
     t.y = hb.data();
@@ -627,21 +629,12 @@ static std::tuple<at::Tensor, at::Tensor> bi_norm_linear(const at::Tensor& x, co
       balanced(M, team, idx, r0, r1);
       if (r1 > r0) std::memcpy(x1p + r0 * H * xe, (const char*)sb.data() + r0 * H * xe, (size_t)((r1 - r0) * H * xe));
     }
+    const XRows r = yt == BF16 ? bf16_rows((const uint16_t*)hb.data(), M, H, H, q.wt, wb)
+                               : XRows{(const float*)hb.data(), nullptr, H, at::Tensor()};
     LinParams o = q;
-    o.ldx = H;
-    o.x = nullptr;
-    o.xh = nullptr;
-    if (yt == BF16 && (q.wt == BF16P || q.wt == I8Q)) {
-      o.xh = (const uint16_t*)hb.data();
-    } else if (yt == BF16) {  // widened, exactly
-      wb.resize((size_t)(M * H));
-      const uint16_t* h = (const uint16_t*)hb.data();
-      uint32_t* d = wb.data();
-      for (int64_t i = 0; i < M * H; ++i) d[i] = (uint32_t)h[i] << 16;
-      o.x = (const float*)d;
-    } else {
-      o.x = (const float*)hb.data();
-    }
+    o.x = r.x;
+    o.xh = r.xh;
+    o.ldx = r.ldx;
     return o;
   };
   if (inter <= 0) {
