@@ -271,7 +271,7 @@ static void attention_inputs(const FusedLayer& L, const Tensor& qkv, const Tenso
 
 // A layer's output is x1 + d, left to whoever reads it next: the next layer's input norm forms the sum in each of
 // its threads (a single crossing of d between the cores instead of one into a serial add and one out of it). x is
-// the layer's input, a + b where b is given (the previous layer's x1 and d), else a.
+// the layer's input: a + b where b is given (the previous layer's d and x1), else a.
 struct LayerOut {
   Tensor d, x1, x;
 };
@@ -297,7 +297,6 @@ static LayerOut run_layer(const FusedLayer& L, const Tensor& a, const OptT& b, c
               "fused_decoder_layer: cos/sin must be [T, head_dim]");
   const Handles& h = H();
 
-  // attention block
   // attention block: qkv [T, padded q | k | v columns] on rms_norm(x), x = a + b formed in the same op
   const auto [qkv, xs] = L.qkv.run_normed(a, b, L.in_norm, L.eps);
   const Tensor x = b ? xs : a;
