@@ -515,6 +515,10 @@ def test_norm_linear_is_the_norm_then_the_linear(kind):
                 act, x1 = bi.norm_linear(x, w, 1e-5, cat.packed, residual=r, inter=inter, up_col=up)
                 assert _same(x1, s), (th, m)
                 assert _same(act, bi.linear_silu(h2, cat.packed, inter, up)), (th, m)
+                if dtype == torch.bfloat16:  # an fp32 norm weight: the norm's output, and so the linear's, fp32
+                    y32, _ = bi.norm_linear(x, w.float(), 1e-5, plain, bias)
+                    assert y32.dtype == torch.float32
+                    assert _same(y32, bi.linear(bi.rms_norm(x, w.float(), 1e-5), plain, bias)), (th, m)
     finally:
         torch.set_num_threads(threads)
     with pytest.raises(RuntimeError, match="panel boundary"):
