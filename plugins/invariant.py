@@ -108,6 +108,15 @@ def set_isa(name: str = "") -> str:
         return _ops().bi_set_isa("")
 
 
+def set_pairs(mode: str = "") -> str:
+    """Force how bf16 k-pairs multiply on the AVX-512 path: 'dp' (vdpbf16ps), 'fma' (two fmas per pair, denormals
+    flushed as vdpbf16ps flushes them: the same bits), 'mixed' (vdpbf16ps for one row, fmas for more rows and a
+    bf16 model's attention), or 'auto' (mixed where vdpbf16ps issues at under 1 / 2.5 of the fma rate, timed
+    once; else dp); '' only reports the active one. The choice changes speed, never a result. DFLASH_BI_PAIRS
+    sets the first choice."""
+    return _ops().bi_set_pairs(mode)
+
+
 # ---- linear -------------------------------------------------------------------------------------------------
 
 PANEL = 32
@@ -220,9 +229,11 @@ def pack_linear(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Packe
 
 def bf16_pairs_pay() -> bool:
     """Whether bf16 k-pair panels beat widened bf16 panels on this CPU: where vdpbf16ps does twice the
-    multiply-adds of an fp32 FMA per cycle (AVX512-BF16 without AMX: AMD Zen 4 and later), and where the amx
-    path runs them on AMX-BF16 tiles. On AMX Xeons vdpbf16ps runs at the FMA rate, so a forced avx512 path there
-    keeps widened panels. All are batch-invariant; the choice only sets which bits a bf16 model gets here."""
+    multiply-adds of an fp32 FMA per cycle (AVX512-BF16 without AMX: AMD Zen 4 and later), where the amx path runs
+    them on AMX-BF16 tiles, and on Intel cores with AVX512-BF16 but no AMX, whose slow vdpbf16ps set_pairs' 'auto'
+    leaves to one-row tiles (two fmas per pair multiply more rows: widened panels' speed at half their bytes). On
+    AMX Xeons a forced avx512 path keeps widened panels. All are batch-invariant; the choice only sets which bits
+    a bf16 model gets here."""
     flags = _cpu_flags()
     if "amx_bf16" in flags:
         return set_isa("") == "amx"

@@ -18,6 +18,7 @@ def invariant_kernels():
     threads = torch.get_num_threads()
     yield bi
     bi.set_isa("auto")
+    bi.set_pairs("auto")
     torch.set_num_threads(threads)
 
 

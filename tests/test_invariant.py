@@ -756,6 +756,50 @@ def test_bf16_attention_chains_add_the_odd_term_first():
     bi.set_isa("auto")
 
 
+def _near_underflow(*shape, seed, lo=-75, hi=-55):
+    """bf16 numbers of random sign and mantissa whose binary exponents run from lo to hi: products of two of
+    them, and the chains' sums, fall below fp32's normal range (2^-126) in many places."""
+    g = _gen(seed)
+    e = torch.randint(lo, hi + 1, shape, generator=g).float()
+    sign = torch.randint(0, 2, shape, generator=g).float() * 2 - 1
+    return (sign * (1 + torch.rand(*shape, generator=g)) * torch.exp2(e)).to(torch.bfloat16)
+
+
+def test_bf16_pairs_on_fmas_are_vdpbf16ps():
+    """bf16 k-pairs on two fmas per pair ('fma' everywhere; 'mixed', from two rows: where vdpbf16ps issues slowly,
+    Intel cores) give vdpbf16ps' bits, denormals included (the fmas run with denormals flushed, as vdpbf16ps always
+    does): every row at every block size equals the row alone on vdpbf16ps, and a bf16 model's attention is the
+    same in every mode, with products below fp32's normal range in the chains."""
+    if "avx512_bf16" not in bi._cpu_flags() or bi.set_isa("avx512") != "avx512":
+        pytest.skip("no AVX512-BF16 on this CPU")
+    k, n = 584, 200  # 292 k-pairs: past the last whole 16
+    w, x = _near_underflow(n, k, seed=180), _near_underflow(17, k, seed=181)
+    prods = x[0].float() * w[0].float()
+    assert bool(((prods != 0) & (prods.abs() < 2.0 ** -126)).any())  # the data reach the denormals
+    pk = bi.pack_linear_bf16_pairs(w)
+    kc, vc, slots, offs = paged_layout([70, 33], 3, 64, seed=182, dtype=torch.bfloat16)
+    vc = _near_underflow(*vc.shape, seed=183, lo=-135, hi=-120)  # numerators <= 1 times these: denormal products
+    q = _randn(24, 6, 64, seed=184, dtype=torch.bfloat16)
+    seqs = [(0, 16, 70), (16, 8, 33)]
+    try:
+        got = {}
+        for mode in ("dp", "fma", "mixed"):
+            assert bi.set_pairs(mode) == mode
+            alone = torch.cat([bi.linear(x[i:i + 1], pk) for i in range(17)])
+            got[mode] = [alone] + [bi.linear(x[:m], pk) for m in (2, 3, 8, 17)]
+            got[mode].append(attn(q, kc, vc, seqs, slots, offs, 0.125))
+    finally:
+        bi.set_pairs("auto")
+        bi.set_isa("auto")
+    alone = got["dp"][0]
+    for mode in ("dp", "fma", "mixed"):
+        assert _same(got[mode][0], alone), mode
+        for m, out in zip((2, 3, 8, 17), got[mode][1:5]):
+            assert _same(out, alone[:m]), (mode, m)
+    assert bool((got["dp"][5] != 0).any()) and _same(got["fma"][5], got["dp"][5])
+    assert _same(got["mixed"][5], got["dp"][5])
+
+
 def test_attention_args_are_the_per_sequence_slots():
     """attention_args (AttentionBatch.build's kernel arguments in one op) against the slots written out per
     sequence from its block table: decode rows, a verify block, a prefill chunk, a block boundary, q_len 0."""

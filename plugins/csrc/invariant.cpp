@@ -56,6 +56,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -167,6 +168,8 @@ typedef void (*LinTileFn)(const LinParams&, int64_t, int64_t, int64_t, int64_t);
 extern LinTileFn g_linq_avx2;
 bool amx_active();  // the "amx" path runs: W8A8 integer sums on AMX-INT8 tiles
 bool amx_bf16_active();  // and bf16 k-pair panels on AMX-BF16 tiles
+bool pairs_on_fmas();  // bf16 k-pairs of several rows (and attention's pairs) on two fmas where vdpbf16ps is slow
+bool pairs_row_on_fmas();  // and of one row
 
 }  // namespace bi
 
@@ -216,6 +219,55 @@ bool amx_bf16_active() {
     return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u) && __builtin_cpu_supports("avx512bf16");
   }();
   return has && amx_active();
+}
+
+// Instructions per second of a loop of independent vdpbf16ps (dp) or vfmadd231ps, the best of five short runs
+__attribute__((target("avx512f,avx512bf16"))) static double issue_rate(bool dp) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  const __m512 x = _mm512_castsi512_ps(_mm512_set1_epi32(0x3f803f80)), y = x;
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 2000; ++i) {
+#define BI_ISSUE(a)                                                   \
+  if (dp) asm volatile("vdpbf16ps %2, %1, %0" : "+v"(a) : "v"(x), "v"(y)); \
+  else asm volatile("vfmadd231ps %2, %1, %0" : "+v"(a) : "v"(x), "v"(y));
+      BI_ISSUE(a0) BI_ISSUE(a1) BI_ISSUE(a2) BI_ISSUE(a3) BI_ISSUE(a4) BI_ISSUE(a5) BI_ISSUE(a6) BI_ISSUE(a7)
+#undef BI_ISSUE
+    }
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 16000.0 / best;
+}
+
+// How bf16 k-pairs multiply on the AVX-512 path: kPairsDp (vdpbf16ps), kPairsFma (two fmas), kPairsMixed
+// (vdpbf16ps for one row, whose tile streams its weights either way on fewer instructions; fmas for more rows and
+// attention). All give the same bits (the fmas run with denormals flushed, as vdpbf16ps treats them), so the
+// choice is speed alone. A k-pair of a row takes one vdpbf16ps or two fmas plus the widening of the weights, an
+// 8-row tile's share of which makes it about 2.5 fmas: where vdpbf16ps issues at under 1 / 2.5 of the fma rate
+// (Intel cores, where it is several uops), fmas pay from two rows on.
+enum { kPairsUnset = -1, kPairsDp = 0, kPairsFma = 1, kPairsMixed = 2 };
+static int g_pairs_mode = kPairsUnset;
+static const char* const kPairsNames[] = {"dp", "fma", "mixed"};
+static int pick_pairs_mode(const std::string& want) {
+  if (!__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512f")) return kPairsFma;
+  for (int m = kPairsDp; m <= kPairsMixed; ++m)
+    if (want == kPairsNames[m]) return m;
+  TORCH_CHECK(want.empty() || want == "auto", "bi: unknown k-pair kernel '", want, "' (dp|fma|mixed|auto)");
+  return issue_rate(false) > 2.5 * issue_rate(true) ? kPairsMixed : kPairsDp;
+}
+static int pairs_mode() {
+  if (g_pairs_mode == kPairsUnset) {
+    const char* e = std::getenv("DFLASH_BI_PAIRS");
+    g_pairs_mode = pick_pairs_mode(e ? std::string(e) : std::string());
+  }
+  return g_pairs_mode;
+}
+bool pairs_on_fmas() { return pairs_mode() != kPairsDp; }
+bool pairs_row_on_fmas() { return pairs_mode() == kPairsFma; }
+static std::string bi_set_pairs(const std::string& mode) {
+  if (!mode.empty()) g_pairs_mode = pick_pairs_mode(mode);
+  return kPairsNames[pairs_mode()];
 }
 
 // AMX-TILE and AMX-INT8 in CPUID, and the kernel's permission to use tile data (Linux: asked once per process)
@@ -1293,6 +1345,7 @@ TORCH_LIBRARY_FRAGMENT(dflash_trt, m) {
   m.def("bi_paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor q_start, Tensor q_len, "
         "Tensor kv_len, Tensor kv_slots, Tensor kv_offsets, float scale, bool causal=True) -> Tensor");
   m.def("bi_set_isa(str isa) -> str", &bi::bi_set_isa);
+  m.def("bi_set_pairs(str mode) -> str", &bi::bi_set_pairs);
   m.def("bi_selftest_reduce(Tensor a) -> Tensor");
   m.def("bi_attention_args(int[] q_lens, int[] kv_lens, int[] blocks, int block_size) -> Tensor[]",
         &bi::bi_attention_args);
@@ -1961,6 +2014,20 @@ BI_INLINE void lin_scale(const LinParams& p, V16 (&acc)[MR][NP][2], int64_t pn0)
 // Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
 // xv: the tile's x packed k-major at the chunk's first k (fp32 xc[k * MR + m]; for BF16P bf16 k-pairs, the
 // pair q of row m at xh[2 (q * MR + m)], even k first); w: panel pn0 at that k.
+// Denormals flushed in and out (DAZ | FTZ) while a two-fma k-pair chain runs on the AVX-512 pass: vdpbf16ps
+// ignores MXCSR and always flushes, so with it the two kernels give the same bits and either may run any tile
+struct PairFlush {
+#if BI_KERNEL_PASS == 1
+  unsigned saved;
+  explicit PairFlush(bool on) : saved(_mm_getcsr()) {
+    if (on) _mm_setcsr(saved | 0x8040u);
+  }
+  ~PairFlush() { _mm_setcsr(saved); }
+#else
+  explicit PairFlush(bool) {}
+#endif
+};
+
 BI_INLINE uint32_t x_pair(const uint16_t* xh, int64_t i) {
   uint32_t u;
   std::memcpy(&u, xh + 2 * i, 4);
@@ -2016,6 +2083,26 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
           acc[m][j][0] = vfma(a, b[j][0], acc[m][j][0]);
           acc[m][j][1] = vfma(a, b[j][1], acc[m][j][1]);
         }
+      }
+    }
+  } else if (WK == bi::BF16P && BI_KERNEL_PASS == 1) {
+    // x as fp32, k-major with each pair's odd k first (linear_tile): xc[2q MR + m] row m's k = 2q + 1, xc[(2q + 1)
+    // MR + m] its k = 2q; the odd k's fma before the even one's, as vdpbf16ps orders them (lin_kernel_dp)
+    const PairFlush flush(true);
+    const uint32_t* wp[NP];
+    BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
+#pragma GCC unroll 2
+    for (int64_t q = 0; q < len / 2; ++q) {
+      V16 bo[NP][2], be[NP][2];
+      BI_UNROLL for (int j = 0; j < NP; ++j) {
+        vload_bfpair(wp[j] + q * 32, bo[j][0], be[j][0]);
+        vload_bfpair(wp[j] + q * 32 + 16, bo[j][1], be[j][1]);
+        prefetch_pairs<MR>(wp[j], q);
+      }
+      BI_UNROLL for (int m = 0; m < MR; ++m) {
+        const V16 ao = vset1(xc[2 * q * MR + m]), ae = vset1(xc[(2 * q + 1) * MR + m]);
+        BI_UNROLL for (int j = 0; j < NP; ++j)
+          BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = vfma(ae, be[j][h], vfma(ao, bo[j][h], acc[m][j][h]));
       }
     }
   } else if (WK == bi::BF16P) {
@@ -2121,6 +2208,8 @@ static bool cpu_dpbf16() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
   return has;
 }
+// whether a BF16P tile of mr rows runs on vdpbf16ps (lin_kernel_dp) rather than lin_kernel's two fmas
+static bool pairs_dp(int mr) { return cpu_dpbf16() && !(mr == 1 ? bi::pairs_row_on_fmas() : bi::pairs_on_fmas()); }
 #endif
 
 #if BI_KERNEL_PASS == 2
@@ -2193,7 +2282,7 @@ static void lin_kernel_half(const LinParams& p, const void* xv, const void* w, i
 template <int MR, int WK>
 static LinKernelFn lin_pick_np(int np) {
 #if BI_KERNEL_PASS == 1
-  if (WK == bi::BF16P && cpu_dpbf16()) {
+  if (WK == bi::BF16P && pairs_dp(MR)) {
     if (np >= 4 && MR * 4 * 2 <= 2 * MR_MAX) return &lin_kernel_dp<MR, 4>;
     if (np >= 2 && MR * 2 * 2 <= 2 * MR_MAX) return &lin_kernel_dp<MR, 2>;
     return &lin_kernel_dp<MR, 1>;
@@ -2276,6 +2365,42 @@ static void interleave_pairs8(const uint32_t* const* rows, int64_t nq, uint32_t*
   }
   for (; q < nq; ++q)
     for (int m = 0; m < 8; ++m) std::memcpy(d + q * 8 + m, rows[m] + q, 4);
+}
+
+// 8 rows of bf16 k-pairs as an 8-row tile of lin_kernel's two fmas reads them: fp32, k-major, each pair's odd k
+// first (d[2q 8 + m] = row m's k = 2q + 1, d[(2q + 1) 8 + m] its k = 2q), from interleave_pairs8's order
+static void split_pairs8(const uint32_t* const* rows, int64_t nq, float* d) {
+  thread_local std::vector<uint32_t> il;
+  if ((int64_t)il.size() < nq * 8) il.resize(nq * 8);
+  interleave_pairs8(rows, nq, il.data());
+  const __m512i hi = _mm512_set1_epi32((int)0xFFFF0000u);
+  int64_t q = 0;
+  for (; q + 2 <= nq; q += 2) {  // pairs q and q + 1 of the 8 rows
+    const __m512i v = _mm512_loadu_si512((const void*)(il.data() + q * 8));
+    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, hi)), even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    _mm512_storeu_ps(d + q * 16, _mm512_shuffle_f32x4(odd, even, 0x44));
+    _mm512_storeu_ps(d + q * 16 + 16, _mm512_shuffle_f32x4(odd, even, 0xEE));
+  }
+  for (; q < nq; ++q)
+    for (int m = 0; m < 8; ++m) {
+      d[2 * q * 8 + m] = u2f(il[q * 8 + m] & 0xFFFF0000u);
+      d[(2 * q + 1) * 8 + m] = u2f(il[q * 8 + m] << 16);
+    }
+}
+
+// one row's the same way: d[2q] = k 2q + 1, d[2q + 1] = k 2q (each pair's halves swapped, then widened)
+static void split_pairs1(const uint32_t* row, int64_t nq, float* d) {
+  int64_t q = 0;
+  for (; q + 16 <= nq; q += 16) {
+    const __m512i v = _mm512_rol_epi32(_mm512_loadu_si512((const void*)(row + q)), 16);
+    _mm512_storeu_si512((void*)(d + 2 * q), _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)), 16));
+    _mm512_storeu_si512((void*)(d + 2 * q + 16),
+                        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)), 16));
+  }
+  for (; q < nq; ++q) {
+    d[2 * q] = u2f(row[q] & 0xFFFF0000u);
+    d[2 * q + 1] = u2f(row[q] << 16);
+  }
 }
 #endif
 
@@ -2395,7 +2520,16 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
   const bool pairs = p.wt == bi::BF16P;
   const int64_t kbytes = p.wt == bi::F32 ? 128 : (p.wt == bi::BF16 || pairs ? 64 : 32);
   const int64_t pstride = p.K * (bytes ? 32 : kbytes / 4);
-  const int64_t xsize = pairs ? 2 : 4;  // bytes of one k of a packed x row: fp32, or half a bf16 pair
+  // a tile's x as fp32 (lin_kernel's k-pairs on the AVX-512 pass) or as bf16 pairs; bytes of one k of its rows
+  auto split = [&](int mr) {
+#if BI_KERNEL_PASS == 1
+    return pairs && !pairs_dp(mr);
+#else
+    (void)mr;
+    return false;
+#endif
+  };
+  auto xsize = [&](int mr) -> int64_t { return pairs && !split(mr) ? 2 : 4; };
   thread_local std::vector<float> xbuf, abuf;
   thread_local std::vector<uint16_t> hbuf, hrow;
   for (int64_t b0 = m0; b0 < m1; b0 += mb) {
@@ -2412,12 +2546,39 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
     // pack the block's tiles k-major (a 1-row fp32 tile is its own packing)
     const void* xt0 = p.x ? p.x + b0 * p.ldx + p.xk0 : nullptr;
     if (pairs) {  // x rounded to bf16 (nearest even), k-pairs of each row interleaved over the tile's rows
-      if ((int64_t)hbuf.size() < rows * kx) hbuf.resize(rows * kx);
+      if ((int64_t)hbuf.size() < 2 * rows * kx) hbuf.resize(2 * rows * kx);
       if ((int64_t)hrow.size() < kx) hrow.resize(kx);
       uint16_t* d = hbuf.data();
       int64_t r = b0;
       for (int64_t t = 0; t < nt; ++t) {
         const int mr = base + (t < extra ? 1 : 0);
+        if (split(mr)) {
+          float* ds = (float*)d;
+          auto row = [&](int m) {
+            if (p.xh) return p.xh + (r + m) * p.ldx + p.xk0;
+            round_row_bf16(p.x + (r + m) * p.ldx + p.xk0, kx, hrow.data());
+            return (const uint16_t*)hrow.data();
+          };
+#if BI_KERNEL_PASS == 1
+          if (mr == 8 && p.xh) {
+            const uint32_t* rows8[8];
+            for (int m = 0; m < 8; ++m) rows8[m] = (const uint32_t*)row(m);
+            split_pairs8(rows8, kx / 2, ds);
+          } else if (mr == 1) {
+            split_pairs1((const uint32_t*)row(0), kx / 2, ds);
+          } else
+#endif
+            for (int m = 0; m < mr; ++m) {
+              const uint16_t* h = row(m);
+              for (int64_t q = 0; q < kx / 2; ++q) {
+                ds[2 * q * mr + m] = u2f(uint32_t(h[2 * q + 1]) << 16);
+                ds[(2 * q + 1) * mr + m] = u2f(uint32_t(h[2 * q]) << 16);
+              }
+            }
+          d += 2 * mr * kx;
+          r += mr;
+          continue;
+        }
 #if BI_KERNEL_PASS == 1
         if (mr == 8 && p.xh) {  // a verify block's rows, as they are
           const uint32_t* rows8[8];
@@ -2482,10 +2643,10 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
         const int mr = base + (t < extra ? 1 : 0);
         for (int c = 0; c < nch; ++c) {
           const int64_t kw = p.wk0 + c * cl;  // k within the packed weight
-          fk[t < extra ? 1 : 0](p, xt + c * cl * mr * xsize, wg + kw * kbytes, pstride, cl,
+          fk[t < extra ? 1 : 0](p, xt + c * cl * mr * xsize(mr), wg + kw * kbytes, pstride, cl,
                                 abuf.data() + c * cstride, cstride, c == nch - 1, r, g);
         }
-        xt += mr * kx * xsize;
+        xt += mr * kx * xsize(mr);
         r += mr;
       }
       g += np;
@@ -2874,22 +3035,25 @@ static void scores_from_keys(const AttnParams& p, const int64_t* qoff, float* co
   V16 acc[QS][KB];
   BI_UNROLL for (int q = 0; q < QS; ++q)
     BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vzero();
-  for (int s = 0; s < NS; ++s) {
-    V16 ko[KB], ke[KB];  // DP: ko holds the raw pairs
-    BI_UNROLL for (int b = 0; b < KB; ++b) {
-      if constexpr (DP) ko[b] = vload((const float*)kt[b][s]);
-      else vload_bfpair(kt[b][s], ko[b], ke[b]);
-    }
-    BI_UNROLL for (int q = 0; q < QS; ++q) {
-      if constexpr (DP) {
-        uint32_t u;
-        std::memcpy(&u, qb + qoff[q] + 2 * s, 4);
-        const V16 qq = vset1(u2f(u));
-        BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = dp_pairs(acc[q][b], qq, ko[b]);
-      } else {
-        const V16 qo = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s + 1] << 16));
-        const V16 qe = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s] << 16));
-        BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vfma(qe, ke[b], vfma(qo, ko[b], acc[q][b]));
+  {
+    const PairFlush flush(!DP);
+    for (int s = 0; s < NS; ++s) {
+      V16 ko[KB], ke[KB];  // DP: ko holds the raw pairs
+      BI_UNROLL for (int b = 0; b < KB; ++b) {
+        if constexpr (DP) ko[b] = vload((const float*)kt[b][s]);
+        else vload_bfpair(kt[b][s], ko[b], ke[b]);
+      }
+      BI_UNROLL for (int q = 0; q < QS; ++q) {
+        if constexpr (DP) {
+          uint32_t u;
+          std::memcpy(&u, qb + qoff[q] + 2 * s, 4);
+          const V16 qq = vset1(u2f(u));
+          BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = dp_pairs(acc[q][b], qq, ko[b]);
+        } else {
+          const V16 qo = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s + 1] << 16));
+          const V16 qe = vset1(u2f((uint32_t)qb[qoff[q] + 2 * s] << 16));
+          BI_UNROLL for (int b = 0; b < KB; ++b) acc[q][b] = vfma(qe, ke[b], vfma(qo, ko[b], acc[q][b]));
+        }
       }
     }
   }
@@ -2920,7 +3084,7 @@ static void att_scores_keys(const AttnParams& p, const int64_t* koff, int64_t nk
       q0 += widest_upto<AttPairs::score_queries>(nq - q0, [&](auto w) {
         constexpr int W = decltype(w)::value;
 #if BI_KERNEL_PASS == 1
-        if (cpu_dpbf16()) return scores_from_keys<W, KB, NS, true>(p, qoff + q0, sc + q0, j0, blocks, scale);
+        if (cpu_dpbf16() && !bi::pairs_on_fmas()) return scores_from_keys<W, KB, NS, true>(p, qoff + q0, sc + q0, j0, blocks, scale);
 #endif
         scores_from_keys<W, KB, NS, false>(p, qoff + q0, sc + q0, j0, blocks, scale);
       });
@@ -3007,16 +3171,19 @@ static void att_pv_pairs(const AttnParams& p, int dv0, const int64_t* voff, int6
   V16 o[QB][4];
   BI_UNROLL for (int q = 0; q < QB; ++q)
     BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vzero();
-  for (int64_t j = 0; j < jend; j += 2) {
-    const bool odd = j + 1 < nk_max;
-    V16 ve[4], vo[4];
-    BI_UNROLL for (int d = 0; d < 4; ++d) {
-      ve[d] = vload_bf(vb + voff[j] + (dv0 + d) * 16);
-      vo[d] = odd ? vload_bf(vb + voff[j + 1] + (dv0 + d) * 16) : vzero();
-    }
-    BI_UNROLL for (int q = 0; q < QB; ++q) {
-      const V16 pe = vset1(u2f((uint32_t)pb[q][j] << 16)), po = vset1(u2f((uint32_t)pb[q][j + 1] << 16));
-      BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vfma(pe, ve[d], vfma(po, vo[d], o[q][d]));
+  {
+    const PairFlush flush(true);
+    for (int64_t j = 0; j < jend; j += 2) {
+      const bool odd = j + 1 < nk_max;
+      V16 ve[4], vo[4];
+      BI_UNROLL for (int d = 0; d < 4; ++d) {
+        ve[d] = vload_bf(vb + voff[j] + (dv0 + d) * 16);
+        vo[d] = odd ? vload_bf(vb + voff[j + 1] + (dv0 + d) * 16) : vzero();
+      }
+      BI_UNROLL for (int q = 0; q < QB; ++q) {
+        const V16 pe = vset1(u2f((uint32_t)pb[q][j] << 16)), po = vset1(u2f((uint32_t)pb[q][j + 1] << 16));
+        BI_UNROLL for (int d = 0; d < 4; ++d) o[q][d] = vfma(pe, ve[d], vfma(po, vo[d], o[q][d]));
+      }
     }
   }
   pv_store<QB>(p, o, dv0, l, orow, nk);
@@ -3288,7 +3455,7 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
           q0 += widest_upto<AttPairs::pv_queries>(nq - q0, [&](auto w) {
             constexpr int W = decltype(w)::value;
 #if BI_KERNEL_PASS == 1
-            if (cpu_dpbf16())
+            if (cpu_dpbf16() && !bi::pairs_on_fmas())
               return att_pv_pairs_dp<W>(p, dv0, koff, jend, nk_max, pb + q0, lsum + q0, qoff + q0, nk + q0);
 #endif
             att_pv_pairs<W>(p, dv0, koff, jend, nk_max, pb + q0, lsum + q0, qoff + q0, nk + q0);
