@@ -14,8 +14,9 @@
 //   BF16 pairs (int16 panels of bf16 k-pairs) x is rounded to bf16 (nearest even) and the chain runs over the
 //             chunk's k-pairs, the odd k before the even one: acc = fma(x[2q], w[2q], fma(x[2q+1], w[2q+1],
 //             acc)), which is what AVX512-BF16's vdpbf16ps computes (the products of bf16 numbers are exact in
-//             fp32; it flushes subnormal inputs and results, which the FMA paths do not, so the ISAs agree
-//             for every number above 2^-126).
+//             fp32; it flushes subnormal inputs and results, which the AVX-512 path's fmas do too and the
+//             AVX2 / scalar paths do not, so the ISAs agree for every number above 2^-126; on AVX-512 the
+//             fmas and vdpbf16ps give the same bits and either may run a tile: set_pairs).
 //   W8A8      (int32 weight panels of int8 k-quads) x is quantised per row and chunk in shared code:
 //             a = max|x| over the chunk, xq = clamp(rint(x * (127/a)), +-127), sx = a / 127; the chunk's
 //             integer dot product sum_k xq*w is exact whatever the instruction (AMX tdpbusd, VNNI, pmaddwd,
