@@ -2012,9 +2012,6 @@ BI_INLINE void lin_scale(const LinParams& p, V16 (&acc)[MR][NP][2], int64_t pn0)
     }
 }
 
-// Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
-// xv: the tile's x packed k-major at the chunk's first k (fp32 xc[k * MR + m]; for BF16P bf16 k-pairs, the
-// pair q of row m at xh[2 (q * MR + m)], even k first); w: panel pn0 at that k.
 // Denormals flushed in and out (DAZ | FTZ) while a two-fma k-pair chain runs on the AVX-512 pass: vdpbf16ps
 // ignores MXCSR and always flushes, so with it the two kernels give the same bits and either may run any tile
 struct PairFlush {
@@ -2029,6 +2026,10 @@ struct PairFlush {
 #endif
 };
 
+// Runs the fma chains of an MR x (32 NP) tile over one chunk (`len` consecutive k, chains from +0).
+// xv: the tile's x packed k-major at the chunk's first k (fp32 xc[k * MR + m]; for BF16P bf16 k-pairs, the
+// pair q of row m at xh[2 (q * MR + m)], even k first, but fp32 with each pair's odd k first on the AVX-512
+// pass); w: panel pn0 at that k.
 BI_INLINE uint32_t x_pair(const uint16_t* xh, int64_t i) {
   uint32_t u;
   std::memcpy(&u, xh + 2 * i, 4);
@@ -2209,8 +2210,10 @@ static bool cpu_dpbf16() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
   return has;
 }
-// whether a BF16P tile of mr rows runs on vdpbf16ps (lin_kernel_dp) rather than lin_kernel's two fmas
+// whether a BF16P tile of mr rows runs on vdpbf16ps (lin_kernel_dp) rather than lin_kernel's two fmas, and a bf16
+// model's attention (its items hold several queries) on vdpbf16ps rather than its chains' two fmas
 static bool pairs_dp(int mr) { return cpu_dpbf16() && !(mr == 1 ? bi::pairs_row_on_fmas() : bi::pairs_on_fmas()); }
+static bool attn_pairs_dp() { return cpu_dpbf16() && !bi::pairs_on_fmas(); }
 #endif
 
 #if BI_KERNEL_PASS == 2
@@ -2378,7 +2381,8 @@ static void split_pairs8(const uint32_t* const* rows, int64_t nq, float* d) {
   int64_t q = 0;
   for (; q + 2 <= nq; q += 2) {  // pairs q and q + 1 of the 8 rows
     const __m512i v = _mm512_loadu_si512((const void*)(il.data() + q * 8));
-    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, hi)), even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+    const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     _mm512_storeu_ps(d + q * 16, _mm512_shuffle_f32x4(odd, even, 0x44));
     _mm512_storeu_ps(d + q * 16 + 16, _mm512_shuffle_f32x4(odd, even, 0xEE));
   }
@@ -2546,7 +2550,7 @@ static void linear_tile(const LinParams& p, int64_t m0, int64_t m1, int64_t pn0,
 #endif
     // pack the block's tiles k-major (a 1-row fp32 tile is its own packing)
     const void* xt0 = p.x ? p.x + b0 * p.ldx + p.xk0 : nullptr;
-    if (pairs) {  // x rounded to bf16 (nearest even), k-pairs of each row interleaved over the tile's rows
+    if (pairs) {  // x rounded to bf16 (nearest even): k-pairs of each row interleaved over the tile's rows, or split
       if ((int64_t)hbuf.size() < 2 * rows * kx) hbuf.resize(2 * rows * kx);
       if ((int64_t)hrow.size() < kx) hrow.resize(kx);
       uint16_t* d = hbuf.data();
@@ -3085,7 +3089,7 @@ static void att_scores_keys(const AttnParams& p, const int64_t* koff, int64_t nk
       q0 += widest_upto<AttPairs::score_queries>(nq - q0, [&](auto w) {
         constexpr int W = decltype(w)::value;
 #if BI_KERNEL_PASS == 1
-        if (cpu_dpbf16() && !bi::pairs_on_fmas()) return scores_from_keys<W, KB, NS, true>(p, qoff + q0, sc + q0, j0, blocks, scale);
+        if (attn_pairs_dp()) return scores_from_keys<W, KB, NS, true>(p, qoff + q0, sc + q0, j0, blocks, scale);
 #endif
         scores_from_keys<W, KB, NS, false>(p, qoff + q0, sc + q0, j0, blocks, scale);
       });
@@ -3456,7 +3460,7 @@ static void attn_item(const AttnParams& p, const int32_t* it, float* scratch, in
           q0 += widest_upto<AttPairs::pv_queries>(nq - q0, [&](auto w) {
             constexpr int W = decltype(w)::value;
 #if BI_KERNEL_PASS == 1
-            if (cpu_dpbf16() && !bi::pairs_on_fmas())
+            if (attn_pairs_dp())
               return att_pv_pairs_dp<W>(p, dv0, koff, jend, nk_max, pb + q0, lsum + q0, qoff + q0, nk + q0);
 #endif
             att_pv_pairs<W>(p, dv0, koff, jend, nk_max, pb + q0, lsum + q0, qoff + q0, nk + q0);
