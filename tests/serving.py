@@ -1,6 +1,7 @@
 """Helpers for the tests that start real servers (dflash-serve, mpirun ranks) on 127.0.0.1."""
 from __future__ import annotations
 
+import random
 import socket
 import time
 
@@ -8,6 +9,22 @@ import httpx
 
 
 def free_port() -> int:
+    """A port free now and below the kernel's ephemeral range: a port the kernel hands out (bind to 0) can be
+    handed out again to another socket (mpirun's own, a client's) before the server binds it seconds later."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -7,7 +7,6 @@ their cache blocks, and the exact trtllm-serve command line of `--backend trtllm
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 import tiny
-from serving import wait_healthy
+from serving import free_port, wait_healthy
 from dflash_trt import LLM, SamplingParams
 
 openai = pytest.importorskip("openai")
@@ -28,12 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 KEY = "sk-dflash-test"
 NAME = "tiny-dflash"
 MAX_SEQ_LEN = 2048
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(base: str) -> dict:

@@ -2087,28 +2087,11 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
         }
       }
     }
-  } else if (WK == bi::BF16P && BI_KERNEL_PASS == 1) {
-    // x as fp32, k-major with each pair's odd k first (linear_tile): xc[2q MR + m] row m's k = 2q + 1, xc[(2q + 1)
-    // MR + m] its k = 2q; the odd k's fma before the even one's, as vdpbf16ps orders them (lin_kernel_dp)
-    const PairFlush flush(true);
-    const uint32_t* wp[NP];
-    BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
-#pragma GCC unroll 2
-    for (int64_t q = 0; q < len / 2; ++q) {
-      V16 bo[NP][2], be[NP][2];
-      BI_UNROLL for (int j = 0; j < NP; ++j) {
-        vload_bfpair(wp[j] + q * 32, bo[j][0], be[j][0]);
-        vload_bfpair(wp[j] + q * 32 + 16, bo[j][1], be[j][1]);
-        prefetch_pairs<MR>(wp[j], q);
-      }
-      BI_UNROLL for (int m = 0; m < MR; ++m) {
-        const V16 ao = vset1(xc[2 * q * MR + m]), ae = vset1(xc[(2 * q + 1) * MR + m]);
-        BI_UNROLL for (int j = 0; j < NP; ++j)
-          BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = vfma(ae, be[j][h], vfma(ao, bo[j][h], acc[m][j][h]));
-      }
-    }
   } else if (WK == bi::BF16P) {
-    // the odd k's fma before the even one's, as vdpbf16ps orders them (lin_kernel_dp)
+    // the odd k's fma before the even one's, as vdpbf16ps orders them (lin_kernel_dp). x on the AVX-512 pass: fp32,
+    // k-major with each pair's odd k first (linear_tile), xc[2q MR + m] row m's k = 2q + 1, xc[(2q + 1) MR + m] its
+    // k = 2q, broadcast from memory; on the others bf16 pairs, widened here
+    const PairFlush flush(true);
     const uint16_t* xh = (const uint16_t*)xv;
     const uint32_t* wp[NP];
     BI_UNROLL for (int j = 0; j < NP; ++j) wp[j] = (const uint32_t*)w + j * panel_stride;
@@ -2121,8 +2104,15 @@ static void lin_kernel(const LinParams& p, const void* xv, const void* w, int64_
         prefetch_pairs<MR>(wp[j], q);
       }
       BI_UNROLL for (int m = 0; m < MR; ++m) {
-        const uint32_t u = x_pair(xh, q * MR + m);
-        const V16 ao = vset1(u2f(u & 0xFFFF0000u)), ae = vset1(u2f(u << 16));
+        V16 ao, ae;
+        if (BI_KERNEL_PASS == 1) {
+          ao = vset1(xc[2 * q * MR + m]);
+          ae = vset1(xc[(2 * q + 1) * MR + m]);
+        } else {
+          const uint32_t u = x_pair(xh, q * MR + m);
+          ao = vset1(u2f(u & 0xFFFF0000u));
+          ae = vset1(u2f(u << 16));
+        }
         BI_UNROLL for (int j = 0; j < NP; ++j)
           BI_UNROLL for (int h = 0; h < 2; ++h) acc[m][j][h] = vfma(ae, be[j][h], vfma(ao, bo[j][h], acc[m][j][h]));
       }

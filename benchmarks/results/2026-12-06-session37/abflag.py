@@ -1,5 +1,6 @@
 # python abflag.py DTYPE WEIGHTS N [OPS]: captured stack calls, 1 and 8 rows, flag off/on alternating per call; medians.
-# OPS: the A/B build's switches, comma-separated (default bi_set_ab); PP=path: run that round-trip probe at the end
+# OPS: the A/B build's switches, comma-separated (default bi_set_ab), each an op given the flag, or op=OFF:ON, an op
+# given the string OFF or ON (bi_set_pairs=dp:mixed); PP=path: run that round-trip probe at the end
 import sys, time, statistics, torch
 torch.set_num_threads(2)
 from dflash_trt import LLM, SamplingParams
@@ -7,7 +8,10 @@ from dflash_trt.embedded import embedded_paths
 from dflash_trt.plugins import layer
 dt, wts, N = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ops = (sys.argv[4] if len(sys.argv) > 4 else "bi_set_ab").split(",")
-switch = lambda on: [getattr(torch.ops.dflash_trt, o)(on) for o in ops]
+def switch(on):
+    for o in ops:
+        name, _, vals = o.partition("=")
+        getattr(torch.ops.dflash_trt, name)(vals.split(":")[on] if vals else on)
 t, d = embedded_paths()
 llm = LLM(target=t, dtype=dt, weights=wts, draft=d, draft_len_policy="fixed", max_draft_len=7)
 layer.load()
