@@ -1,21 +1,11 @@
 import sys, time, statistics, torch
 torch.set_num_threads(2)
-from dflash_trt import LLM, SamplingParams
-from dflash_trt.embedded import embedded_paths
-from dflash_trt.plugins import layer
+import os
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from stack_calls import capture
 from torch.profiler import profile, ProfilerActivity
 dt = sys.argv[1]; wts = sys.argv[2] if len(sys.argv) > 2 else "auto"
-t, d = embedded_paths()
-llm = LLM(target=t, dtype=dt, weights=wts, draft=d, draft_len_policy="fixed", max_draft_len=7)
-layer.load()
-orig = layer._state["stack"]
-cap = {}
-def wrap(*a):
-    if len(a[4]) == 30: cap.setdefault(a[1].shape[0], []).append(a)
-    return orig(*a)
-layer._state["stack"] = wrap
-llm.generate(["Write a Python function that returns the n-th Fibonacci number."], SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
-layer._state["stack"] = orig
+orig, cap, _ = capture(dt, wts, ar_tokens=0)
 print({k: len(v) for k, v in cap.items()})
 src = torch.ones(64 << 20)
 for n in (1, 8):

@@ -1,25 +1,13 @@
 # python ablate.py DTYPE WEIGHTS N MASKS...: 8-row captured stack calls with parts skipped (mask bits), interleaved
 import sys, time, statistics, torch
 torch.set_num_threads(2)
-from dflash_trt import LLM, SamplingParams
-from dflash_trt.embedded import embedded_paths
-from dflash_trt.plugins import layer
+import os
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from stack_calls import capture
 dt, wts, N = sys.argv[1], sys.argv[2], int(sys.argv[3])
 masks = [0] + [int(m) for m in sys.argv[4:]]
-t, d = embedded_paths()
-llm = LLM(target=t, dtype=dt, weights=wts, draft=d, draft_len_policy="fixed", max_draft_len=7)
-layer.load()
-orig = layer._state["stack"]
-cap = {}
-def wrap(*a):
-    if len(a[4]) == 30: cap.setdefault(a[1].shape[0], []).append(a)
-    return orig(*a)
-layer._state["stack"] = wrap
-llm.generate(["Write a Python function that returns the n-th Fibonacci number."], SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
-llm2 = LLM(target=t, dtype=dt, weights=wts, speculative=False)
-llm2.generate(["Write a Python function that returns the n-th Fibonacci number."], SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
-layer._state["stack"] = orig
-c1, c8 = cap[1][-20:], cap[8][-20:]
+orig, spec, ar = capture(dt, wts)
+c1, c8 = ar[1][-20:], spec[8][-20:]
 ts = {m: [] for m in masks}; t1 = []
 for i in range(N):
     torch.ops.dflash_trt.bi_set_ab(0)

@@ -1,26 +1,13 @@
 # python abpf.py N near,far near,far ...: captured stack calls, 1 and 8 rows, prefetch distances rotated per call; medians
 import sys, time, statistics, subprocess, torch
 torch.set_num_threads(2)
-from dflash_trt import LLM, SamplingParams
-from dflash_trt.embedded import embedded_paths
-from dflash_trt.plugins import layer
+import os
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from stack_calls import capture
 N = int(sys.argv[1]); sets = [tuple(int(v) for v in a.split(",")) for a in sys.argv[2:]]
-t, d = embedded_paths()
-llm = LLM(target=t, dtype="bfloat16", weights=__import__("os").environ.get("W", "w8a8"), draft=d, draft_len_policy="fixed", max_draft_len=7)
-layer.load()
-orig = layer._state["stack"]
-cap = {}
-def wrap(*a):
-    if len(a[4]) == 30: cap.setdefault(a[1].shape[0], []).append(a)
-    return orig(*a)
-layer._state["stack"] = wrap
-llm.generate(["Write a Python function that returns the n-th Fibonacci number."], SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
-cap.pop(1, None)
-llm2 = LLM(target=t, dtype="bfloat16", weights=__import__("os").environ.get("W", "w8a8"), speculative=False)
-llm2.generate(["Write a Python function that returns the n-th Fibonacci number."], SamplingParams(max_tokens=200, ignore_eos=True), chat=True)
-layer._state["stack"] = orig
+orig, spec, ar = capture("bfloat16", os.environ.get("W", "w8a8"))
 ts = {(r, s): [] for r in (1, 8) for s in sets}
-c1, c8 = cap[1][-20:], cap[8][-20:]
+c1, c8 = ar[1][-20:], spec[8][-20:]
 for i in range(N):
     order = sets[i % len(sets):] + sets[:i % len(sets)]
     for s in order:
